@@ -1,0 +1,302 @@
+"""Decoder-only transformer of the Qwen2 / Qwen2.5 / Qwen3 / Llama-3 family, in Flax.
+
+Layers are stacked with `nn.scan`, so every layer parameter has a leading
+"layers" axis and a model of any depth compiles once. Every parameter carries
+logical axis names (embed, vocab, heads, kv_heads, head_dim, mlp, layers) that
+`rlvr.sharding` maps onto mesh axes.
+
+Masking follows segment ids: tokens attend to earlier tokens of the same
+non-zero segment; segment 0 is padding and is never attended to. With a
+`KVCache`, new keys and values are written at `cache.index` and queries see
+every filled slot of their segment up to their own slot.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from rlvr.model.config import ModelConfig, RopeScaling
+
+Params = Any
+_NEG_INF = -1e30  # finite, so fully-masked (padding) rows stay NaN-free
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys/values of all layers for incremental decoding.
+
+  k, v: [layers, batch, slots, kv_heads, head_dim]; segment_bs: [batch, slots]
+  (0 = empty or padding); index: next slot to write, shared by the batch.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  segment_bs: jax.Array
+  index: jax.Array
+
+  @classmethod
+  def empty(cls, config: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -> "KVCache":
+    shape = (config.num_layers, batch, slots, config.num_kv_heads, config.head_dim)
+    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+               segment_bs=jnp.zeros((batch, slots), jnp.int32),
+               index=jnp.zeros((), jnp.int32))
+
+
+# ----------------------------------------------------------------------- RoPE
+def rope_frequencies(config: ModelConfig) -> jax.Array:
+  """Inverse frequencies theta^(-2i/d), rescaled per Llama-3 when configured."""
+  d = config.head_dim
+  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  if config.rope_scaling is not None:
+    inv_freq = _llama3_scale(inv_freq, config.rope_scaling)
+  return inv_freq
+
+
+def _llama3_scale(inv_freq: jax.Array, s: RopeScaling) -> jax.Array:
+  """Llama-3.1: long wavelengths divided by `factor`, short kept, smooth between."""
+  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  wavelen = 2 * math.pi / inv_freq
+  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+      s.high_freq_factor - s.low_freq_factor)
+  smoothed = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+  out = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+  middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(middle, smoothed, out)
+
+
+def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotates halves (HF "rotate_half" layout), computed in f32."""
+  angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B,T,D/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x = x_bthd.astype(jnp.float32)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_bthd.dtype)
+
+
+# --------------------------------------------------------------------- layers
+def _param(module: nn.Module, name: str, shape, axes, dtype, init=None):
+  init = init or nn.initializers.normal(0.02)
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  axis_name: str = "embed"
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = _param(self, "scale", (x.shape[-1],), (self.axis_name,), self.param_dtype,
+                   nn.initializers.ones)
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return scale.astype(x.dtype) * xf.astype(x.dtype)
+
+
+class Attention(nn.Module):
+  config: ModelConfig
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x_btd, positions_bt, segment_bt, layer_cache):
+    c, pd = self.config, self.param_dtype
+    dt = x_btd.dtype
+    h, kvh, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
+
+    def proj(name, heads, head_axis):
+      w = _param(self, f"{name}_kernel", (d, heads, hd), ("embed", head_axis, "head_dim"), pd)
+      y = jnp.einsum("btd,dhk->bthk", x_btd, w.astype(dt))
+      if c.qkv_bias:
+        b = _param(self, f"{name}_bias", (heads, hd), (head_axis, "head_dim"), pd,
+                   nn.initializers.zeros)
+        y = y + b.astype(dt)
+      return y
+
+    q = proj("q", h, "heads")
+    k = proj("k", kvh, "kv_heads")
+    v = proj("v", kvh, "kv_heads")
+    if c.qk_norm:
+      q = RMSNorm(c.rms_norm_eps, "head_dim", pd, name="q_norm")(q)
+      k = RMSNorm(c.rms_norm_eps, "head_dim", pd, name="k_norm")(k)
+    inv_freq = rope_frequencies(c)
+    q = apply_rope(q, positions_bt, inv_freq)
+    k = apply_rope(k, positions_bt, inv_freq)
+
+    t = x_btd.shape[1]
+    if layer_cache is None:
+      keys, values, kv_segment = k, v, segment_bt
+      q_slot = k_slot = jnp.arange(t)
+    else:
+      ck, cv, cseg, index = layer_cache
+      keys = jax.lax.dynamic_update_slice_in_dim(ck, k.astype(ck.dtype), index, axis=1)
+      values = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), index, axis=1)
+      kv_segment = cseg
+      q_slot = index + jnp.arange(t)
+      k_slot = jnp.arange(keys.shape[1])
+      layer_cache = (keys, values)
+    mask_bts = ((segment_bt[:, :, None] == kv_segment[:, None, :])
+                & (kv_segment[:, None, :] != 0)
+                & (k_slot[None, None, :] <= q_slot[None, :, None]))
+
+    g = h // kvh
+    qg = q.reshape(q.shape[0], t, kvh, g, hd)
+    logits = jnp.einsum("btkgh,bskh->bkgts", qg, keys.astype(dt),
+                        preferred_element_type=jnp.float32) / math.sqrt(hd)
+    logits = jnp.where(mask_bts[:, None, None], logits, _NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, values.astype(dt))
+    out = out.reshape(out.shape[0], t, h, hd)
+    wo = _param(self, "o_kernel", (h, hd, d), ("heads", "head_dim", "embed"), pd)
+    return jnp.einsum("bthk,hkd->btd", out, wo.astype(dt)), layer_cache
+
+
+class MLP(nn.Module):
+  config: ModelConfig
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    c, pd, dt = self.config, self.param_dtype, x.dtype
+    wg = _param(self, "gate_kernel", (c.hidden_size, c.intermediate_size), ("embed", "mlp"), pd)
+    wu = _param(self, "up_kernel", (c.hidden_size, c.intermediate_size), ("embed", "mlp"), pd)
+    wd = _param(self, "down_kernel", (c.intermediate_size, c.hidden_size), ("mlp", "embed"), pd)
+    return (nn.silu(x @ wg.astype(dt)) * (x @ wu.astype(dt))) @ wd.astype(dt)
+
+
+class Block(nn.Module):
+  """Pre-norm residual block; the scan body, so it returns (carry, per-layer out)."""
+
+  config: ModelConfig
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x, positions_bt, segment_bt, layer_cache):
+    c, pd = self.config, self.param_dtype
+    y, new_cache = Attention(c, pd, name="attn")(
+        RMSNorm(c.rms_norm_eps, param_dtype=pd, name="input_norm")(x),
+        positions_bt, segment_bt, layer_cache)
+    x = x + y
+    x = x + MLP(c, pd, name="mlp")(RMSNorm(c.rms_norm_eps, param_dtype=pd, name="post_attn_norm")(x))
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    return x, new_cache
+
+
+class Decoder(nn.Module):
+  config: ModelConfig
+  param_dtype: Any = jnp.float32
+  remat: bool = False
+
+  @nn.compact
+  def __call__(self, tokens_bt, positions_bt, segment_bt, cache: KVCache | None = None,
+               return_hidden: bool = False):
+    c, pd = self.config, self.param_dtype
+    embed = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"), pd)
+    x = jnp.take(embed, tokens_bt, axis=0)
+
+    block = Block
+    if self.remat:
+      block = nn.remat(Block, prevent_cse=False,
+                       policy=jax.checkpoint_policies.nothing_saveable)
+    scanned = nn.scan(
+        block,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=(nn.broadcast, nn.broadcast, 0),
+        length=c.num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )(c, pd, name="layers")
+
+    if cache is None:
+      x, _ = scanned(x, positions_bt, segment_bt, None)
+      new_cache = None
+    else:
+      seg_in_cache = jax.lax.dynamic_update_slice_in_dim(
+          cache.segment_bs, segment_bt.astype(jnp.int32), cache.index, axis=1)
+      idx = jnp.broadcast_to(cache.index, (c.num_layers,))
+      segs = jnp.broadcast_to(seg_in_cache, (c.num_layers,) + seg_in_cache.shape)
+      x, (k, v) = scanned(x, positions_bt, segment_bt, (cache.k, cache.v, segs, idx))
+      new_cache = KVCache(k=k, v=v, segment_bs=seg_in_cache,
+                          index=cache.index + tokens_bt.shape[1])
+
+    x = RMSNorm(c.rms_norm_eps, param_dtype=pd, name="final_norm")(x)
+    if return_hidden:
+      return x, new_cache
+    if c.tie_word_embeddings:
+      head = embed.T
+    else:
+      head = _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"), pd)
+    logits = jnp.einsum("btd,dv->btv", x, head.astype(x.dtype),
+                        preferred_element_type=jnp.float32)
+    return logits, new_cache
+
+
+# ---------------------------------------------------------------- functional API
+def default_positions(segment_bt: jax.Array) -> jax.Array:
+  """Positions that count only real (non-zero segment) tokens: left padding safe."""
+  return jnp.maximum(jnp.cumsum(segment_bt != 0, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
+            positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
+            cache: KVCache | None = None, remat: bool = False,
+            return_hidden: bool = False):
+  """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
+
+  segment_ids: [B,T] ints, 0 for padding (default all ones). positions: [B,T]
+  RoPE positions (default: count of real tokens before each one, plus the
+  cache's fill when decoding). Activations use the dtype of the parameters.
+  With `cache`, returns `(logits, new_cache)`. With `return_hidden`, returns the
+  final normed hidden states [B,T,D] instead of logits (for chunked heads).
+  """
+  if segment_ids is None:
+    segment_ids = jnp.ones(tokens_bt.shape, jnp.int32)
+  if positions is None:
+    positions = default_positions(segment_ids)
+    if cache is not None:
+      prior = jnp.sum(cache.segment_bs != 0, axis=-1, keepdims=True).astype(jnp.int32)
+      positions = positions + prior
+  out, new_cache = Decoder(config, remat=remat).apply(
+      {"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden)
+  return out if cache is None else (out, new_cache)
+
+
+def _abstract_init(config: ModelConfig, param_dtype):
+  model = Decoder(config, param_dtype=param_dtype)
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  return functools.partial(model.init, tokens_bt=tokens, positions_bt=tokens,
+                           segment_bt=tokens)
+
+
+def init_boxed(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32):
+  """Parameters wrapped in `nn.LogicallyPartitioned` boxes (use `eval_shape` for shapes)."""
+  return _abstract_init(config, param_dtype)(rng)["params"]
+
+
+def init(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32) -> Params:
+  """Random parameters (normal 0.02, norms at 1, biases at 0)."""
+  return nn.unbox(init_boxed(config, rng, param_dtype))
+
+
+def logical_axes(config: ModelConfig) -> Params:
+  """Pytree of logical axis-name tuples matching the parameter tree."""
+  boxed = jax.eval_shape(lambda: init_boxed(config, jax.random.key(0)))
+  return nn.get_partition_spec(boxed)
+
+
+def param_shapes(config: ModelConfig, param_dtype=jnp.float32) -> Params:
+  """ShapeDtypeStruct pytree of the parameters, without allocating them."""
+  return nn.unbox(jax.eval_shape(lambda: init_boxed(config, jax.random.key(0), param_dtype)))
+
+
+def count_params(config: ModelConfig) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(param_shapes(config)))
