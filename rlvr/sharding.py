@@ -27,14 +27,14 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 def _fits(spec: PartitionSpec, shape: Sequence[int], mesh: jax.sharding.Mesh) -> PartitionSpec:
-  """Drops mesh axes that do not divide their dimension (e.g. 2 KV heads on tensor=8)."""
+  """Drops mesh axes the mesh lacks or that do not divide their dimension (2 KV heads, tensor=8)."""
   out = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
     names = (axes,) if isinstance(axes, str) else tuple(axes or ())
     kept = []
     size = 1
     for name in names:
-      if dim % (size * mesh.shape[name]) == 0:
+      if name in mesh.shape and dim % (size * mesh.shape[name]) == 0:
         kept.append(name)
         size *= mesh.shape[name]
     out.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))

@@ -1,0 +1,35 @@
+r"""Writes a random tiny decoder + locally trained tokenizer in HF format.
+
+  python -m launch.make_tiny --out=/tmp/tiny --family=qwen3 --num_layers=4
+"""
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", "workdir/tiny_model", "Directory to write the HF model to.")
+flags.DEFINE_enum("family", "qwen2", ["qwen2", "qwen3", "llama"], "Architecture family.")
+flags.DEFINE_integer("seed", 0, "Seed of weights and tokenizer corpus.")
+flags.DEFINE_integer("hidden_size", 128, "Model width.")
+flags.DEFINE_integer("num_layers", 2, "Decoder layers.")
+flags.DEFINE_integer("num_heads", 4, "Query heads.")
+flags.DEFINE_integer("num_kv_heads", 2, "Key/value heads (GQA).")
+flags.DEFINE_integer("head_dim", 32, "Head size (vLLM CPU needs 32, 64, 80, 96, 112, 128, ...).")
+flags.DEFINE_integer("intermediate_size", 256, "MLP width.")
+flags.DEFINE_integer("tokenizer_vocab", 1024, "Target BPE vocabulary size.")
+flags.DEFINE_bool("tie_word_embeddings", True, "Share input embedding and LM head.")
+
+
+def main(argv):
+  del argv
+  from rlvr import model
+  path = model.make_tiny(
+      FLAGS.out, seed=FLAGS.seed, tokenizer_vocab=FLAGS.tokenizer_vocab, family=FLAGS.family,
+      hidden_size=FLAGS.hidden_size, num_layers=FLAGS.num_layers, num_heads=FLAGS.num_heads,
+      num_kv_heads=FLAGS.num_kv_heads, head_dim=FLAGS.head_dim,
+      intermediate_size=FLAGS.intermediate_size, tie_word_embeddings=FLAGS.tie_word_embeddings)
+  cfg = model.ModelConfig.from_hf(path)
+  print(f"wrote {cfg.family} model with {model.count_params(cfg):,} parameters to {path}")
+
+
+if __name__ == "__main__":
+  app.run(main)

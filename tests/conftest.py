@@ -1,0 +1,60 @@
+"""Session fixtures: tiny HF models built once, one real vLLM CPU server per session."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import jax  # noqa: E402
+
+# 8 fake CPU devices for sharding tests; single-device code runs on device 0.
+jax.config.update("jax_num_cpu_devices", 8)
+
+LLAMA3_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_max_position_embeddings=64)
+# Three families, sized so every code path runs (GQA, tied/untied, rope scaling).
+TINY_FAMILIES = {
+    "qwen2": dict(family="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(family="qwen3", tie_word_embeddings=False, num_heads=4, num_kv_heads=1,
+                  head_dim=64, rope_theta=1e6),
+    "llama": dict(family="llama", tie_word_embeddings=False, rope_theta=500000.0,
+                  rope_scaling=LLAMA3_SCALING, num_layers=3),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+  """{family: HF dir} of random tiny models (init std 0.1 for peaked distributions)."""
+  from rlvr import model
+  root = tmp_path_factory.mktemp("tiny")
+  return {name: model.make_tiny(str(root / name), seed=i, init_std=0.1, **kw)
+          for i, (name, kw) in enumerate(TINY_FAMILIES.items())}
+
+
+@pytest.fixture(scope="session")
+def served_model_dir(tmp_path_factory, tiny_dirs):
+  """A model written by `save_hf` (with tokenizer), which the vLLM server serves."""
+  import jax
+  from transformers import AutoTokenizer
+  from rlvr import model
+  cfg, params = model.load_hf(tiny_dirs["qwen2"])
+  # Move away from the factory's weights so the served copy is save_hf's own.
+  params = jax.tree.map(lambda p: p * 1.1, params)
+  out = str(tmp_path_factory.mktemp("served") / "policy")
+  model.save_hf(out, cfg, params, tokenizer=AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]))
+  return out
+
+
+@pytest.fixture(scope="session")
+def vllm_server(served_model_dir):
+  """One real vLLM CPU server for the whole session (never skipped: CI installs it)."""
+  from rlvr.sampling.vllm_server import ServerOptions, start_server
+  server = start_server(served_model_dir, ServerOptions(max_model_len=1024))
+  print(f"\nvLLM server up at {server.url} after {server.startup_s:.1f}s")
+  yield server
+  server.stop()
