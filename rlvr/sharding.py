@@ -43,9 +43,56 @@ def _fits(spec: PartitionSpec, shape: Sequence[int], mesh: jax.sharding.Mesh) ->
 
 def param_shardings(config: ModelConfig, mesh: jax.sharding.Mesh, rules=None):
   """NamedSharding pytree for the decoder parameters under `rules`."""
+  return tree_shardings(decoder.logical_axes(config), decoder.param_shapes(config), mesh, rules)
+
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def make_mesh(axes: dict[str, int] | Sequence[tuple[str, int]], devices=None) -> jax.sharding.Mesh:
+  """Mesh over ("data", "fsdp", "tensor"); one size may be -1 (the rest of the devices).
+
+  Axes are Auto-typed so GSPMD propagates shardings from the jit boundaries.
+  """
+  sizes = dict(axes)
+  unknown = set(sizes) - set(MESH_AXES)
+  if unknown:
+    raise ValueError(f"mesh axes: unknown {sorted(unknown)}; expected {MESH_AXES}")
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = {a: int(sizes.get(a, 1)) for a in MESH_AXES}
+  rest = [a for a, s in sizes.items() if s == -1]
+  if len(rest) > 1:
+    raise ValueError(f"mesh axes: only one may be -1, got {rest}")
+  known = 1
+  for a, s in sizes.items():
+    if s != -1:
+      known *= s
+  if rest:
+    if len(devices) % known:
+      raise ValueError(f"mesh axes {sizes}: {len(devices)} devices not divisible by {known}")
+    sizes[rest[0]] = len(devices) // known
+  total = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  if total != len(devices):
+    raise ValueError(f"mesh axes {sizes} need {total} devices, have {len(devices)}")
+  shape = tuple(sizes[a] for a in MESH_AXES)
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                       devices=devices)
+
+
+def tree_shardings(logical_tree, shapes_tree, mesh: jax.sharding.Mesh, rules=None):
+  """NamedShardings for any pytree given its logical axes (PartitionSpec leaves) and shapes."""
   rules = DEFAULT_RULES if rules is None else rules
-  axes = decoder.logical_axes(config)
-  shapes = decoder.param_shapes(config)
-  specs = nn.logical_to_mesh(axes, rules)
-  return jax.tree.map(lambda s, x: NamedSharding(mesh, _fits(s, x.shape, mesh)), specs, shapes,
-                      is_leaf=lambda s: isinstance(s, PartitionSpec))
+  specs = nn.logical_to_mesh(logical_tree, rules)
+  return jax.tree.map(lambda s, x: NamedSharding(mesh, _fits(s, x.shape, mesh)), specs,
+                      shapes_tree, is_leaf=lambda s: isinstance(s, PartitionSpec))
+
+
+def batch_sharding(mesh: jax.sharding.Mesh, ndim: int, rules=None) -> NamedSharding:
+  """Leading (batch) dimension split over the data-parallel axes, the rest replicated."""
+  rules = DEFAULT_RULES if rules is None else rules
+  spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), rules)
+  return NamedSharding(mesh, spec)
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())

@@ -1,0 +1,269 @@
+"""The GRPO learner: TrainState, optimizer and the sharded, jitted update step.
+
+`make_update_fn(...)` returns `update(state, batch) -> (state, metrics)`: it
+recomputes the completion-token logprobs, applies the clipped token-level
+loss, accumulates gradients over micro-batches with the loss normaliser of the
+WHOLE batch (so 1 or k micro-batches give the same step), clips the global
+gradient norm and takes one AdamW step. State is donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from rlvr import grpo, sharding
+from rlvr.model import decoder
+from rlvr.model.config import ModelConfig
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+  """Optimiser and loss settings (defaults: SvS's public settings, METHODS.md)."""
+
+  learning_rate: float = 1e-6
+  lr_schedule: str = "constant"          # "constant" | "cosine" (linear warmup, cosine decay)
+  warmup_steps: int = 0
+  total_steps: int = 1000                # cosine horizon
+  min_lr_ratio: float = 0.0
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.999
+  adam_eps: float = 1e-8
+  grad_clip: float = 1.0                 # global-norm clip; <= 0 disables
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  dual_clip: float | None = 3.0
+  aggregation: str = "token-mean"
+  kl_beta: float = 0.0                   # > 0 keeps a frozen reference model
+  kl_estimator: str = "k3"
+  micro_batches: int = 1
+  remat: bool = False
+  compute_dtype: str = "float32"         # params stay f32 (master); forward in this dtype
+  mask_truncated: bool = False           # drop length-truncated completions from the loss
+  tis_cap: float | None = None           # truncated IS weight min(exp(old - sampler), C)
+  logits_chunk: int = 256                # positions per logits block in the loss
+
+  def __post_init__(self):
+    if self.lr_schedule not in ("constant", "cosine"):
+      raise ValueError(f"lr_schedule: unknown {self.lr_schedule!r}; expected constant|cosine")
+    if self.aggregation not in grpo.AGGREGATIONS:
+      raise ValueError(f"aggregation: unknown {self.aggregation!r}; expected {grpo.AGGREGATIONS}")
+    if self.kl_estimator not in ("k1", "k3"):
+      raise ValueError(f"kl_estimator: unknown {self.kl_estimator!r}; expected k1|k3")
+    if self.compute_dtype not in _DTYPES:
+      raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; expected {list(_DTYPES)}")
+    if self.micro_batches < 1:
+      raise ValueError(f"micro_batches: must be >= 1, got {self.micro_batches}")
+    if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
+      raise ValueError(f"eps_low/eps_high: bad clip range {self.eps_low}/{self.eps_high}")
+    if self.dual_clip is not None and self.dual_clip <= 1:
+      raise ValueError(f"dual_clip: must be > 1, got {self.dual_clip}")
+    if self.tis_cap is not None and self.tis_cap <= 0:
+      raise ValueError(f"tis_cap: must be > 0, got {self.tis_cap}")
+
+
+@flax.struct.dataclass
+class TrainBatch:
+  """One update's data; every field has the batch as leading dimension.
+
+  `*_bt` fields are target-aligned (see `rlvr.grpo`). old_logp_bt None means
+  on-policy: the old policy is the current one (ratio 1, gradient flows).
+  sampler_logp_bt: the sampler's logprobs, for mismatch metrics and TIS.
+  """
+
+  tokens_bt: jax.Array
+  segment_bt: jax.Array          # 1 on real tokens, 0 on padding
+  loss_mask_bt: jax.Array        # 1 on completion tokens in the loss
+  advantages_b: jax.Array
+  old_logp_bt: jax.Array | None = None
+  sampler_logp_bt: jax.Array | None = None
+  truncated_b: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class TrainState:
+  params: Any                    # f32 master weights
+  opt_state: Any
+  step: jax.Array
+  rng: jax.Array
+  ref_params: Any = None         # frozen reference model, only when kl_beta > 0
+
+
+def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
+  if cfg.lr_schedule == "constant":
+    if cfg.warmup_steps:
+      return optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+    return optax.constant_schedule(cfg.learning_rate)
+  return optax.warmup_cosine_decay_schedule(
+      0.0, cfg.learning_rate, max(cfg.warmup_steps, 1), max(cfg.total_steps, cfg.warmup_steps + 1),
+      end_value=cfg.learning_rate * cfg.min_lr_ratio)
+
+
+def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
+  parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+  parts.append(optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.adam_eps,
+                           weight_decay=cfg.weight_decay))
+  return optax.chain(*parts)
+
+
+# ------------------------------------------------------------------ shardings
+def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
+  """TrainState of NamedShardings: params and their optimizer moments by the rules."""
+  tx = make_optimizer(cfg)
+  param_sh = sharding.param_shardings(model_cfg, mesh, rules)
+  shapes = decoder.param_shapes(model_cfg)
+  rep = sharding.replicated(mesh)
+  opt_sh = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, shapes), param_sh,
+                                 transform_non_params=lambda _: rep)
+  return TrainState(params=param_sh, opt_state=opt_sh, step=rep, rng=rep,
+                    ref_params=param_sh if cfg.kl_beta > 0 else None)
+
+
+def init_state(model_cfg: ModelConfig, cfg: LearnerConfig, params, mesh, rng=None,
+               rules=None) -> TrainState:
+  """Places params (as f32 master) and fresh optimizer state on the mesh."""
+  tx = make_optimizer(cfg)
+  rng = jax.random.key(0) if rng is None else rng
+  sh = state_shardings(model_cfg, cfg, mesh, rules)
+
+  def build(p, key):
+    p = jax.tree.map(lambda x: x.astype(jnp.float32), p)
+    ref = None
+    if cfg.kl_beta > 0:
+      ref = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), p)
+    return TrainState(params=p, opt_state=tx.init(p), step=jnp.zeros((), jnp.int32),
+                      rng=key, ref_params=ref)
+
+  return jax.jit(build, out_shardings=sh)(params, rng)
+
+
+# ------------------------------------------------------------------- the loss
+def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
+                      cfg: LearnerConfig):
+  """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned."""
+  p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
+  hidden = decoder.forward(p, batch.tokens_bt, config=model_cfg, segment_ids=batch.segment_bt,
+                           remat=cfg.remat, return_hidden=True)
+  head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
+  return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk)
+
+
+def loss_mask(batch: TrainBatch, cfg: LearnerConfig) -> jax.Array:
+  mask = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
+  if cfg.mask_truncated and batch.truncated_b is not None:
+    mask = mask & ~batch.truncated_b.astype(bool)[:, None]
+  return mask
+
+
+def micro_loss(params, ref_params, batch: TrainBatch, normalizer, model_cfg: ModelConfig,
+               cfg: LearnerConfig):
+  """Loss of one micro-batch (already divided by the whole batch's normaliser) and sums."""
+  mask = loss_mask(batch, cfg)
+  logp, entropy = sequence_logprobs(params, batch, model_cfg, cfg)
+  old = jax.lax.stop_gradient(logp) if batch.old_logp_bt is None else batch.old_logp_bt
+  tokens = jnp.sum(mask).astype(jnp.float32)
+  sums = {"tokens": tokens, "entropy": grpo.masked_sum(entropy, mask)}
+  is_weight = None
+  if batch.sampler_logp_bt is not None:
+    is_weight, mismatch = grpo.truncated_is_weight(old, batch.sampler_logp_bt, mask,
+                                                   cfg.tis_cap or jnp.inf)
+    sums.update({k: v * tokens for k, v in mismatch.items()})
+    if cfg.tis_cap is None:
+      is_weight = None
+  loss, aux = grpo.policy_loss(logp, old, batch.advantages_b, mask, cfg.eps_low, cfg.eps_high,
+                               cfg.dual_clip, cfg.aggregation, normalizer, is_weight)
+  for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean"):
+    sums[k] = aux[k] * tokens
+  extrema = {"ratio_max": aux["ratio_max"], "ratio_min": aux["ratio_min"]}
+  sums["pg_loss"] = loss
+  if cfg.kl_beta > 0:
+    ref_batch = batch.replace(old_logp_bt=None)
+    ref_logp, _ = sequence_logprobs(ref_params, ref_batch, model_cfg, cfg)
+    kl = grpo.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), cfg.kl_estimator)
+    sums["kl"] = grpo.masked_sum(kl, mask)
+    loss = loss + cfg.kl_beta * grpo.aggregate(kl, mask, cfg.aggregation, normalizer)
+  return loss, (sums, extrema)
+
+
+def _split_micro(batch: TrainBatch, m: int) -> TrainBatch:
+  """[B, ...] -> [m, B/m, ...], strided so each device's rows spread over micro-batches."""
+  def split(x):
+    if x.shape[0] % m:
+      raise ValueError(f"batch size {x.shape[0]} not divisible by micro_batches={m}")
+    return x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, batch)
+
+
+def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
+               cfg: LearnerConfig, tx: optax.GradientTransformation):
+  """One optimizer step on `batch` (pure; jitted by `make_update_fn`)."""
+  normalizer = grpo.loss_normalizer(loss_mask(batch, cfg), cfg.aggregation)
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  micro = _split_micro(batch, cfg.micro_batches)
+
+  def body(carry, mb):
+    grads_acc, sums_acc, ext_acc = carry
+    (loss, (sums, ext)), grads = grad_fn(state.params, state.ref_params, mb, normalizer,
+                                         model_cfg, cfg)
+    sums = dict(sums, loss=loss)
+    grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+    sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
+    ext_acc = {"ratio_max": jnp.maximum(ext_acc["ratio_max"], ext["ratio_max"]),
+               "ratio_min": jnp.minimum(ext_acc["ratio_min"], ext["ratio_min"])}
+    return (grads_acc, sums_acc, ext_acc), None
+
+  zeros = jax.tree.map(jnp.zeros_like, state.params)
+  first = jax.tree.map(lambda x: x[0], micro)
+  sums_shape = jax.eval_shape(lambda: micro_loss(state.params, state.ref_params, first,
+                                                 normalizer, model_cfg, cfg)[1][0])
+  sums0 = {k: jnp.zeros((), jnp.float32) for k in list(sums_shape) + ["loss"]}
+  ext0 = {"ratio_max": jnp.array(-jnp.inf), "ratio_min": jnp.array(jnp.inf)}
+  (grads, sums, ext), _ = jax.lax.scan(body, (zeros, sums0, ext0), micro)
+
+  grad_norm = optax.global_norm(grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  n_tok = jnp.maximum(sums.pop("tokens"), 1.0)
+  metrics = {k: (v if k in ("loss", "pg_loss") else v / n_tok) for k, v in sums.items()}
+  metrics.update(ext, grad_norm=grad_norm, tokens=n_tok,
+                 lr=learning_rate_schedule(cfg)(state.step))
+  new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1,
+                            rng=jax.random.fold_in(state.rng, state.step))
+  return new_state, metrics
+
+
+def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
+  """`update(state, batch) -> (state, metrics)`, jitted once per batch layout.
+
+  In/out shardings are fixed (state by the logical rules, batch split over the
+  data-parallel axes, metrics replicated) and the state is donated.
+  """
+  tx = make_optimizer(cfg)
+  state_sh = state_shardings(model_cfg, cfg, mesh, rules)
+  step = functools.partial(train_step, model_cfg=model_cfg, cfg=cfg, tx=tx)
+  compiled: dict = {}
+
+  def update(state: TrainState, batch: TrainBatch):
+    key = jax.tree.structure(batch)
+    if key not in compiled:
+      batch_sh = jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim, rules), batch)
+      compiled[key] = jax.jit(step, in_shardings=(state_sh, batch_sh),
+                              out_shardings=(state_sh, sharding.replicated(mesh)),
+                              donate_argnums=0)
+    return compiled[key](state, batch)
+
+  return update
+
+
+def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig):
+  """Jitted `(params, batch) -> logp_bt`, e.g. to fix old logprobs before several steps."""
+  return jax.jit(lambda params, batch: sequence_logprobs(params, batch, model_cfg, cfg)[0])
