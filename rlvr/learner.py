@@ -128,22 +128,25 @@ def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None
                     ref_params=param_sh if cfg.kl_beta > 0 else None)
 
 
+def new_state(params, rng, cfg: LearnerConfig) -> TrainState:
+  """Fresh TrainState: f32 master params, zero optimizer moments, step 0."""
+  params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+  ref = None
+  if cfg.kl_beta > 0:
+    ref = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
+  return TrainState(params=params, opt_state=make_optimizer(cfg).init(params),
+                    step=jnp.zeros((), jnp.int32), rng=rng, ref_params=ref)
+
+
 def init_state(model_cfg: ModelConfig, cfg: LearnerConfig, params, mesh, rng=None,
                rules=None) -> TrainState:
-  """Places params (as f32 master) and fresh optimizer state on the mesh."""
-  tx = make_optimizer(cfg)
-  rng = jax.random.key(0) if rng is None else rng
+  """Places params (as f32 master) and fresh optimizer state on the mesh.
+
+  rng: a raw uint32 key (`jax.random.PRNGKey`), which orbax checkpoints as is.
+  """
+  rng = jax.random.PRNGKey(0) if rng is None else rng
   sh = state_shardings(model_cfg, cfg, mesh, rules)
-
-  def build(p, key):
-    p = jax.tree.map(lambda x: x.astype(jnp.float32), p)
-    ref = None
-    if cfg.kl_beta > 0:
-      ref = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), p)
-    return TrainState(params=p, opt_state=tx.init(p), step=jnp.zeros((), jnp.int32),
-                      rng=key, ref_params=ref)
-
-  return jax.jit(build, out_shardings=sh)(params, rng)
+  return jax.jit(functools.partial(new_state, cfg=cfg), out_shardings=sh)(params, rng)
 
 
 # ------------------------------------------------------------------- the loss
@@ -229,7 +232,7 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
   ext0 = {"ratio_max": jnp.array(-jnp.inf), "ratio_min": jnp.array(jnp.inf)}
   (grads, sums, ext), _ = jax.lax.scan(body, (zeros, sums0, ext0), micro)
 
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   n_tok = jnp.maximum(sums.pop("tokens"), 1.0)
