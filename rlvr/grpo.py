@@ -181,8 +181,8 @@ def token_logprobs_and_entropy(hidden_btd: jax.Array, head_dv: jax.Array, tokens
   @jax.checkpoint
   def one(args):
     hc, tc = args
-    z = jnp.einsum("bcd,dv->bcv", hc, head_dv.astype(hc.dtype),
-                   preferred_element_type=jnp.float32)
+    z = (hc.reshape(-1, d) @ head_dv.astype(hc.dtype)).astype(jnp.float32)
+    z = z.reshape(hc.shape[:2] + (-1,))
     lse = jax.nn.logsumexp(z, axis=-1)
     logp = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0] - lse
     ent = lse - jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1)
