@@ -1,0 +1,56 @@
+r"""Starts a vLLM server for a model directory with the flags the rlvr client needs.
+
+  python -m launch.serve_vllm --model=workdir/tiny_model [--port=8000] [--device=gpu]
+
+Dev-mode routes (weight reloads) are on; the server binds 127.0.0.1 unless
+--host says otherwise (then set --api_key). Prints the URL once healthy and
+stops the server cleanly on SIGINT / SIGTERM.
+"""
+
+import signal
+import threading
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", None, "HF model directory to serve.", required=True)
+flags.DEFINE_string("host", "127.0.0.1", "Bind address (loopback by default).")
+flags.DEFINE_integer("port", 8000, "Port (0 = any free port).")
+flags.DEFINE_string("served_model_name", "policy", "Model name clients send.")
+flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "vLLM build / platform.")
+flags.DEFINE_string("dtype", "float32", "Weights/activations dtype on the server.")
+flags.DEFINE_integer("max_model_len", 4096, "Longest prompt + completion.")
+flags.DEFINE_integer("max_num_batched_tokens", 16384,
+                     "Token budget per engine step; must cover a batch's prompts (CPU crash "
+                     "on seeded chunked prefill otherwise).")
+flags.DEFINE_integer("kv_cache_gb", 1, "CPU KV cache size (GiB).")
+flags.DEFINE_float("gpu_memory_utilization", 0.5, "GPU memory fraction for vLLM.")
+flags.DEFINE_string("api_key", None, "Require this bearer token.")
+flags.DEFINE_string("python", None, "Python of the vLLM environment (default .venvs/vllm).")
+
+
+def main(argv):
+  del argv
+  from rlvr.sampling.vllm_server import ServerOptions, start_server
+  options = ServerOptions(
+      host=FLAGS.host, port=FLAGS.port or None, served_model_name=FLAGS.served_model_name,
+      dtype=FLAGS.dtype, max_model_len=FLAGS.max_model_len,
+      max_num_batched_tokens=FLAGS.max_num_batched_tokens, device=FLAGS.device,
+      kv_cache_gb=FLAGS.kv_cache_gb, gpu_memory_utilization=FLAGS.gpu_memory_utilization,
+      api_key=FLAGS.api_key)
+  server = start_server(FLAGS.model, options, python=FLAGS.python)
+  print(f"vLLM serving {FLAGS.model} at {server.url} (model name {options.served_model_name!r}, "
+        f"up in {server.startup_s:.0f}s, log {server.log_path})", flush=True)
+  stop = threading.Event()
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda *_: stop.set())
+  while not stop.wait(1.0):
+    if not server.alive():
+      raise SystemExit(f"vLLM server exited (code {server.process.returncode}); log:\n"
+                       f"{server.log_tail()}")
+  server.stop()
+  print("vLLM server stopped", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,186 @@
+"""In-process sampler: jitted prefill + decode loop on the model's KV cache.
+
+Shapes are bucketed (rows and prompt length to powers of two, new tokens to
+a power of two), and temperature / top-k / top-p / seeds are traced values,
+so a handful of compilations serve a whole run.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr.model import decoder
+from rlvr.model.config import ModelConfig
+from rlvr.sampling.types import Completion, SamplingParams
+
+
+def _bucket(n: int, minimum: int) -> int:
+  return max(minimum, 1 << (max(n, 1) - 1).bit_length())
+
+
+@flax.struct.dataclass
+class _RowSettings:
+  temperature: jax.Array   # [R] f32; 0 = greedy
+  top_p: jax.Array         # [R] f32
+  top_k: jax.Array         # [R] i32; 0 = off
+  keys: jax.Array          # [R, 2] u32 per-row PRNG keys
+  max_new: jax.Array       # [] i32
+  stop_ids: jax.Array      # [S] i32, padded with -1
+  live: jax.Array          # [R] bool; False for bucket filler rows
+
+
+def filter_logits(logits_rv: jax.Array, temperature, top_k, top_p) -> jax.Array:
+  """Temperature-scaled logits with everything outside top-k / top-p at -inf."""
+  z = logits_rv / jnp.maximum(temperature, 1e-6)[:, None]
+  v = z.shape[-1]
+  sorted_z = jnp.sort(z, axis=-1)[:, ::-1]
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+  kth = jnp.take_along_axis(sorted_z, (k - 1)[:, None], axis=-1)
+  z = jnp.where(z < kth, -jnp.inf, z)
+  # top-p on the (top-k filtered) distribution: keep the smallest prefix whose
+  # mass reaches p (the token that crosses p stays in).
+  sorted_z = jnp.where(jnp.arange(v)[None] < k[:, None], sorted_z, -jnp.inf)
+  probs = jax.nn.softmax(sorted_z, axis=-1)
+  before = jnp.cumsum(probs, axis=-1) - probs
+  cutoff_idx = jnp.sum(before < top_p[:, None], axis=-1) - 1
+  cutoff = jnp.take_along_axis(sorted_z, cutoff_idx[:, None], axis=-1)
+  return jnp.where(z < cutoff, -jnp.inf, z)
+
+
+def _sample(logits_rv, s: _RowSettings, step, filtered: bool):
+  raw_logp = jax.nn.log_softmax(logits_rv.astype(jnp.float32), axis=-1)
+  greedy = jnp.argmax(raw_logp, axis=-1)
+  z = raw_logp
+  if filtered:
+    z = filter_logits(raw_logp, s.temperature, s.top_k, s.top_p)
+  else:
+    z = raw_logp / jnp.maximum(s.temperature, 1e-6)[:, None]
+  keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(s.keys)
+  drawn = jax.vmap(jax.random.categorical)(keys, z)
+  tok = jnp.where(s.temperature > 0, drawn, greedy).astype(jnp.int32)
+  return tok, jnp.take_along_axis(raw_logp, tok[:, None], axis=-1)[:, 0]
+
+
+def _generate(params, prompts_rp, prompt_seg_rp, settings: _RowSettings, *, config: ModelConfig,
+              max_new_bucket: int, filtered: bool):
+  r, p = prompts_rp.shape
+  cache = decoder.KVCache.empty(config, r, p + max_new_bucket, jax.tree.leaves(params)[0].dtype)
+  logits, cache = decoder.forward(params, prompts_rp, config=config, segment_ids=prompt_seg_rp,
+                                  cache=cache)
+  tok, lp = _sample(logits[:, -1], settings, 0, filtered)
+  out_tok = jnp.zeros((r, max_new_bucket), jnp.int32).at[:, 0].set(tok)
+  out_lp = jnp.zeros((r, max_new_bucket), jnp.float32).at[:, 0].set(lp)
+  done = jnp.isin(tok, settings.stop_ids) | ~settings.live
+  lengths = jnp.ones((r,), jnp.int32)
+
+  def cond(carry):
+    i, _, _, _, done, _, _ = carry
+    return (i < settings.max_new) & ~jnp.all(done)
+
+  def body(carry):
+    i, cache, out_tok, out_lp, done, lengths, last = carry
+    seg = jnp.where(done, 0, 1).astype(jnp.int32)[:, None]
+    logits, cache = decoder.forward(params, last[:, None], config=config, segment_ids=seg,
+                                    cache=cache)
+    tok, lp = _sample(logits[:, 0], settings, i, filtered)
+    out_tok = jax.lax.dynamic_update_slice_in_dim(out_tok, jnp.where(done, 0, tok)[:, None], i, 1)
+    out_lp = jax.lax.dynamic_update_slice_in_dim(out_lp, jnp.where(done, 0., lp)[:, None], i, 1)
+    lengths = lengths + (~done).astype(jnp.int32)
+    done = done | jnp.isin(tok, settings.stop_ids)
+    return i + 1, cache, out_tok, out_lp, done, lengths, tok
+
+  _, _, out_tok, out_lp, done, lengths, _ = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), cache, out_tok, out_lp, done, lengths, tok))
+  return out_tok, out_lp, lengths, done
+
+
+class JaxSampler:
+  """Samples from `params` in this process (CPU, or the devices of `mesh`)."""
+
+  def __init__(self, config: ModelConfig, params: Any, tokenizer, *, mesh=None,
+               min_rows: int = 8, min_prompt_len: int = 32, min_new_tokens: int = 32):
+    self.config = config
+    self.tokenizer = tokenizer
+    self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else config.eos_token_id
+    pad = getattr(tokenizer, "pad_token_id", None)
+    self.pad_token_id = pad if pad is not None else 0
+    self.mesh = mesh
+    self._min = (min_rows, min_prompt_len, min_new_tokens)
+    self._params = params
+    self.version = 0
+    self._lock = threading.Lock()
+    self._fn = jax.jit(functools.partial(_generate, config=config),
+                       static_argnames=("max_new_bucket", "filtered"))
+
+  def update_weights(self, params: Any, version: int) -> None:
+    with self._lock:
+      self._params = params
+      self.version = version
+
+  def _place(self, x):
+    if self.mesh is None:
+      return jnp.asarray(x)
+    from rlvr import sharding
+    return jax.device_put(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
+
+  def generate(self, prompt_token_ids: Sequence[Sequence[int]],
+               params: SamplingParams) -> list[list[Completion]]:
+    if not prompt_token_ids:
+      return []
+    for i, p in enumerate(prompt_token_ids):
+      if len(p) == 0:
+        raise ValueError(f"prompt {i}: empty token list")
+    n = params.n
+    rows = [list(p) for p in prompt_token_ids for _ in range(n)]
+    min_rows, min_p, min_new = self._min
+    r_bucket = _bucket(len(rows), min_rows)
+    p_bucket = _bucket(max(len(p) for p in rows), min_p)
+    new_bucket = _bucket(params.max_tokens, min_new)
+    if p_bucket + new_bucket > self.config.max_position_embeddings:
+      raise ValueError(f"prompt ({p_bucket}) + max_tokens ({new_bucket}) buckets exceed "
+                       f"max_position_embeddings {self.config.max_position_embeddings}")
+    tokens = np.full((r_bucket, p_bucket), self.pad_token_id, np.int32)
+    seg = np.zeros((r_bucket, p_bucket), np.int32)
+    for i, p in enumerate(rows):  # left padding: the last column is every row's last token
+      tokens[i, p_bucket - len(p):] = p
+      seg[i, p_bucket - len(p):] = 1
+    seg[len(rows):, -1] = 1  # filler rows: one real token keeps them NaN-free
+    base = 0 if params.seed is None else params.seed
+    prompt_idx = np.repeat(np.arange(len(prompt_token_ids)), n)
+    sample_idx = np.tile(np.arange(n), len(prompt_token_ids))
+    keys = np.zeros((r_bucket, 2), np.uint32)
+    for i, (pi, si) in enumerate(zip(prompt_idx, sample_idx)):
+      keys[i] = np.asarray(jax.random.fold_in(jax.random.PRNGKey(base + int(pi)), int(si)))
+    stops = set(params.stop_token_ids)
+    if not params.ignore_eos and self.eos_token_id is not None:
+      stops.add(int(self.eos_token_id))
+    stop_ids = np.full((_bucket(len(stops), 4),), -1, np.int32)
+    stop_ids[:len(stops)] = sorted(stops)
+    settings = _RowSettings(
+        temperature=np.full((r_bucket,), params.temperature, np.float32),
+        top_p=np.full((r_bucket,), params.top_p, np.float32),
+        top_k=np.full((r_bucket,), params.top_k, np.int32),
+        keys=keys, max_new=np.int32(params.max_tokens), stop_ids=stop_ids,
+        live=np.arange(r_bucket) < len(rows))
+    with self._lock:
+      weights, version = self._params, self.version
+      out_tok, out_lp, lengths, done = self._fn(
+          weights, self._place(tokens), self._place(seg), jax.tree.map(jnp.asarray, settings),
+          max_new_bucket=new_bucket, filtered=params.top_k > 0 or params.top_p < 1.0)
+    out_tok, out_lp, lengths, done = jax.device_get((out_tok, out_lp, lengths, done))
+    result: list[list[Completion]] = [[] for _ in prompt_token_ids]
+    for i in range(len(rows)):
+      ids = tuple(int(t) for t in out_tok[i, :lengths[i]])
+      text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else ""
+      result[prompt_idx[i]].append(Completion(
+          token_ids=ids,
+          logprobs=tuple(float(x) for x in out_lp[i, :lengths[i]]) if params.logprobs else None,
+          text=text, finish_reason="stop" if done[i] else "length", weight_version=version))
+    return result

@@ -1,0 +1,70 @@
+"""The narrow sampler interface: parameters in, completions out, weights pushed."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """How to sample. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters.
+
+  seed: base seed of the call; prompt i draws from seed + i, so a prompt's
+  samples do not depend on which other prompts share the call.
+  """
+
+  n: int = 1
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_tokens: int = 256
+  stop_token_ids: tuple[int, ...] = ()
+  seed: int | None = 0
+  logprobs: bool = True
+  ignore_eos: bool = False
+
+  def __post_init__(self):
+    if self.n < 1:
+      raise ValueError(f"n: must be >= 1, got {self.n}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k: must be >= 0 (0 = off), got {self.top_k}")
+    if self.max_tokens < 1:
+      raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+  """One sampled continuation.
+
+  token_ids include the stop token when one ended the sequence; logprobs[i]
+  is log pi(token_ids[i] | prefix) under the raw model distribution (logits
+  before temperature / top-k / top-p), as the learner computes it and vLLM
+  returns it by default. finish_reason: "stop" (EOS or a stop id) or "length".
+  """
+
+  token_ids: tuple[int, ...]
+  logprobs: tuple[float, ...] | None
+  text: str
+  finish_reason: str
+  weight_version: int | None = None
+
+
+class Sampler(Protocol):
+  """What the training loop needs from a sampler backend."""
+
+  eos_token_id: int
+  pad_token_id: int
+
+  def generate(self, prompt_token_ids: Sequence[Sequence[int]],
+               params: SamplingParams) -> list[list[Completion]]:
+    """outs[i][j]: the j-th of params.n completions of prompt i."""
+    ...
+
+  def update_weights(self, params: Any, version: int) -> None:
+    """Serves `params` from now on; later generate calls see only this version."""
+    ...

@@ -1,0 +1,216 @@
+"""Client of one or more vLLM OpenAI-compatible servers, with weight sync.
+
+Prompts go out as token ids through `/v1/completions` (one request per
+prompt carrying `n`), spread round-robin over the servers by a bounded
+thread pool. Failed requests are retried with exponential backoff; a server
+that keeps failing is reported by URL, and one whose engine has died
+(HTTP 5xx on every request, /health failing) is reported as such.
+
+Weight sync writes the params as an HF checkpoint into `sync_dir` (which the
+servers must be able to read), then on every server: `/collective_rpc`
+`reload_weights`, `/reset_prefix_cache` (stale prefix KV otherwise) and
+`/update_weight_version`. A lock keeps `generate` and `update_weights` apart,
+so one `generate` call never mixes weight versions.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import threading
+import time
+from typing import Any, Sequence
+
+import requests
+
+from rlvr.model import hf_io
+from rlvr.model.config import ModelConfig
+from rlvr.sampling.types import Completion, SamplingParams
+
+
+class SamplerError(RuntimeError):
+  """A server could not serve a request within the retry budget (names the server)."""
+
+
+class EngineDeadError(SamplerError):
+  """The server answers HTTP but its engine is dead: restart it."""
+
+
+class MalformedResponseError(SamplerError):
+  """The server's answer lacks fields the client needs (names the field)."""
+
+
+def parse_completion_response(body: Any, n: int, want_logprobs: bool,
+                              stop_ids: set[int], version: int | None) -> list[Completion]:
+  """Turns a `/v1/completions` JSON body into `n` Completions, or raises
+  MalformedResponseError naming what is missing or wrong."""
+  if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+    raise MalformedResponseError(f"response has no 'choices' list: {str(body)[:200]}")
+  choices = sorted(body["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+  if len(choices) != n:
+    raise MalformedResponseError(f"expected {n} choices, got {len(choices)}")
+  out = []
+  for j, c in enumerate(choices):
+    if not isinstance(c, dict):
+      raise MalformedResponseError(f"choices[{j}] is not an object")
+    ids = c.get("token_ids")
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+      raise MalformedResponseError(f"choices[{j}].token_ids missing or not a list of ints "
+                                   "(server needs return_token_ids support)")
+    lps = None
+    if want_logprobs:
+      lp = c.get("logprobs")
+      lps = lp.get("token_logprobs") if isinstance(lp, dict) else None
+      if not isinstance(lps, list) or len(lps) != len(ids):
+        raise MalformedResponseError(
+            f"choices[{j}].logprobs.token_logprobs missing or of length "
+            f"{len(lps) if isinstance(lps, list) else 'n/a'} for {len(ids)} tokens")
+      if any(not isinstance(x, (int, float)) for x in lps):
+        raise MalformedResponseError(f"choices[{j}].logprobs.token_logprobs has non-numbers")
+      lps = tuple(float(x) for x in lps)
+    reason = c.get("finish_reason")
+    if reason not in ("stop", "length", "abort"):
+      raise MalformedResponseError(f"choices[{j}].finish_reason: unexpected {reason!r}")
+    if reason == "abort":
+      raise SamplerError(f"choices[{j}]: request aborted by the server")
+    out.append(Completion(token_ids=tuple(ids), logprobs=lps, text=c.get("text") or "",
+                          finish_reason=reason, weight_version=version))
+  return out
+
+
+class VLLMSampler:
+  """Sampler backed by vLLM servers at `urls` (e.g. "http://127.0.0.1:8000")."""
+
+  def __init__(self, urls: str | Sequence[str], *, model_config: ModelConfig,
+               eos_token_id: int, pad_token_id: int = 0, sync_dir: str | None = None,
+               model_name: str = "policy", api_key: str | None = None,
+               max_concurrency: int = 32, request_timeout_s: float = 600.0,
+               retries: int = 3, backoff_s: float = 1.0, sync_dtype: Any = None,
+               keep_versions: int = 2):
+    self.urls = [urls] if isinstance(urls, str) else list(urls)
+    if not self.urls:
+      raise ValueError("urls: need at least one vLLM server URL")
+    self.model_config = model_config
+    self.eos_token_id = eos_token_id
+    self.pad_token_id = pad_token_id
+    self.sync_dir = sync_dir
+    self.model_name = model_name
+    self.request_timeout_s = request_timeout_s
+    self.retries = retries
+    self.backoff_s = backoff_s
+    self.sync_dtype = sync_dtype
+    self.keep_versions = keep_versions
+    self.version: int | None = None
+    self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    self._lock = threading.Lock()
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_concurrency,
+                                                       thread_name_prefix="vllm-client")
+    self._local = threading.local()
+
+  # ------------------------------------------------------------------- HTTP
+  def _session(self) -> requests.Session:
+    if not hasattr(self._local, "session"):
+      self._local.session = requests.Session()
+    return self._local.session
+
+  def health(self, url: str) -> tuple[bool, str]:
+    try:
+      r = self._session().get(url + "/health", headers=self._headers, timeout=5)
+      return r.status_code == 200, f"/health: HTTP {r.status_code}"
+    except requests.RequestException as e:
+      return False, f"/health: {type(e).__name__}"
+
+  def _post(self, url: str, route: str, payload: dict, timeout: float | None = None) -> Any:
+    """POST with retries; returns parsed JSON (or None for an empty body)."""
+    errors = []
+    for attempt in range(self.retries + 1):
+      if attempt:
+        time.sleep(self.backoff_s * 2 ** (attempt - 1))
+      try:
+        r = self._session().post(url + route, json=payload, headers=self._headers,
+                                 timeout=timeout or self.request_timeout_s)
+      except requests.RequestException as e:
+        errors.append(f"{type(e).__name__}")
+        continue
+      if r.status_code >= 500:
+        errors.append(f"HTTP {r.status_code}")
+        continue
+      if r.status_code >= 400:  # our request is wrong: retrying will not help
+        raise SamplerError(f"vLLM server {url}{route}: HTTP {r.status_code}: {r.text[:300]}")
+      if not r.content:
+        return None
+      try:
+        return r.json()
+      except ValueError:
+        raise MalformedResponseError(
+            f"vLLM server {url}{route}: response is not JSON: {r.text[:200]!r}") from None
+    _, why = self.health(url)
+    if any(e.startswith("HTTP 5") for e in errors):
+      # vLLM answers 5xx once its engine has died (and may then exit altogether).
+      raise EngineDeadError(f"vLLM server {url}{route}: engine dead or failing "
+                            f"({', '.join(errors)}; {why}); restart the server")
+    raise SamplerError(f"vLLM server {url}{route}: unreachable after {len(errors)} attempts "
+                       f"({', '.join(errors)}; {why})")
+
+  # ---------------------------------------------------------------- sampling
+  def _request(self, i: int, prompt: Sequence[int], sp: SamplingParams,
+               version: int | None) -> list[Completion]:
+    url = self.urls[i % len(self.urls)]
+    payload = {
+        "model": self.model_name, "prompt": [int(t) for t in prompt], "n": sp.n,
+        "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k or -1,
+        "max_tokens": sp.max_tokens, "return_token_ids": True, "skip_special_tokens": True,
+        "stop_token_ids": list(sp.stop_token_ids), "ignore_eos": sp.ignore_eos,
+    }
+    if sp.seed is not None:
+      payload["seed"] = sp.seed + i
+    if sp.logprobs:
+      payload["logprobs"] = 0
+    body = self._post(url, "/v1/completions", payload)
+    try:
+      return parse_completion_response(body, sp.n, sp.logprobs, set(sp.stop_token_ids), version)
+    except MalformedResponseError as e:
+      raise MalformedResponseError(f"vLLM server {url}: prompt {i}: {e}") from None
+
+  def generate(self, prompt_token_ids: Sequence[Sequence[int]],
+               params: SamplingParams) -> list[list[Completion]]:
+    with self._lock:  # no weight update can land inside this call
+      futures = [self._pool.submit(self._request, i, p, params, self.version)
+                 for i, p in enumerate(prompt_token_ids)]
+      try:
+        return [f.result() for f in futures]
+      except BaseException:
+        for f in futures:
+          f.cancel()
+        raise
+
+  # ------------------------------------------------------------- weight sync
+  def update_weights(self, params: Any, version: int) -> None:
+    """Writes `params` to `sync_dir/v{version}` and reloads every server from it."""
+    if self.sync_dir is None:
+      raise ValueError("sync_dir: VLLMSampler needs a directory the servers can read "
+                       "to push weights")
+    path = os.path.join(os.path.abspath(self.sync_dir), f"v{version}")
+    hf_io.save_hf(path, self.model_config, params, dtype=self.sync_dtype)
+    with self._lock:
+      for url in self.urls:
+        self._post(url, "/collective_rpc", {"method": "reload_weights",
+                                            "kwargs": {"weights_path": path}})
+        self._post(url, "/reset_prefix_cache", {})
+        try:
+          self._post(url, "/update_weight_version", {"new_version": str(version)})
+        except SamplerError:
+          pass  # older servers lack the route; the version is still tracked here
+      self.version = version
+    self._prune(version)
+
+  def _prune(self, current: int) -> None:
+    root = os.path.abspath(self.sync_dir)
+    olds = sorted((int(d[1:]) for d in os.listdir(root)
+                   if d.startswith("v") and d[1:].isdigit() and int(d[1:]) != current))
+    for v in olds[:max(0, len(olds) - self.keep_versions + 1)]:
+      shutil.rmtree(os.path.join(root, f"v{v}"), ignore_errors=True)
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=False, cancel_futures=True)

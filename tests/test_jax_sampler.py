@@ -1,0 +1,141 @@
+"""JaxSampler against the model's own full forward pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from rlvr import model
+from rlvr.sampling import JaxSampler, SamplingParams
+from rlvr.sampling.jax_sampler import filter_logits
+
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 41]]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_dirs):
+  cfg, params = model.load_hf(tiny_dirs["qwen2"])
+  tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+  return cfg, params, tok, JaxSampler(cfg, params, tok)
+
+
+_WIDTH = 64  # references run one jitted shape; right padding cannot affect a causal model
+
+
+@functools.lru_cache
+def _logprob_fn(cfg):
+  return jax.jit(lambda p, t: jax.nn.log_softmax(model.forward(p, t, config=cfg)[0], axis=-1))
+
+
+def _full_logprobs(params, cfg, seq):
+  fn = _logprob_fn(cfg)
+  padded = np.zeros((1, _WIDTH), np.int32)
+  padded[0, :len(seq)] = seq
+  return np.asarray(fn(params, jnp.asarray(padded)))[:len(seq)]
+
+
+def _greedy_reference(params, cfg, prompt, steps):
+  seq = list(prompt)
+  for _ in range(steps):
+    seq.append(int(np.argmax(_full_logprobs(params, cfg, seq)[-1])))
+  return seq[len(prompt):]
+
+
+def _model_logprobs(params, cfg, prompt, completion):
+  logp = _full_logprobs(params, cfg, list(prompt) + list(completion))
+  pos = np.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+  return logp[pos, list(completion)]
+
+
+def test_greedy_equals_argmax_decoding(setup):
+  cfg, params, _, sampler = setup
+  outs = sampler.generate(PROMPTS, SamplingParams(n=1, temperature=0.0, max_tokens=12,
+                                                  ignore_eos=True))
+  for prompt, out in zip(PROMPTS, outs):
+    assert list(out[0].token_ids) == _greedy_reference(params, cfg, prompt, 12)
+    assert out[0].finish_reason == "length"
+
+
+def test_logprobs_equal_model_logprobs(setup):
+  cfg, params, _, sampler = setup
+  outs = sampler.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=3,
+                                                  ignore_eos=True))
+  for prompt, group in zip(PROMPTS, outs):
+    for c in group:
+      np.testing.assert_allclose(c.logprobs, _model_logprobs(params, cfg, prompt, c.token_ids),
+                                 atol=1e-5, rtol=0)
+
+
+def test_seeds_repeat_and_samples_differ(setup):
+  _, _, _, sampler = setup
+  sp = SamplingParams(n=4, temperature=1.0, max_tokens=10, seed=7, ignore_eos=True)
+  a = sampler.generate(PROMPTS, sp)
+  b = sampler.generate(PROMPTS, sp)
+  assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+  for g in a:
+    assert len({c.token_ids for c in g}) == 4  # n samples of one prompt differ
+  c = sampler.generate(PROMPTS, dataclasses.replace(sp, seed=8))
+  assert [[x.token_ids for x in g] for g in a] != [[x.token_ids for x in g] for g in c]
+  # a prompt's samples do not depend on the other prompts in the call
+  alone = sampler.generate(PROMPTS[:1], sp)
+  assert [x.token_ids for x in alone[0]] == [x.token_ids for x in a[0]]
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(setup):
+  _, _, _, sampler = setup
+  greedy = sampler.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=10,
+                                                    ignore_eos=True))
+  for sp in (SamplingParams(temperature=1.0, top_k=1, max_tokens=10, seed=1, ignore_eos=True),
+             SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=10, seed=2, ignore_eos=True)):
+    out = sampler.generate(PROMPTS, sp)
+    assert [g[0].token_ids for g in out] == [g[0].token_ids for g in greedy]
+
+
+def test_eos_and_stop_ids_end_sequences(setup):
+  cfg, params, tok, _ = setup
+  ref = _greedy_reference(params, cfg, PROMPTS[0], 8)
+  eos = ref[3]
+  first = ref.index(eos)
+  sampler = JaxSampler(dataclasses.replace(cfg, eos_token_id=eos), params, tokenizer=None)
+  out = sampler.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))[0][0]
+  assert out.finish_reason == "stop" and list(out.token_ids) == ref[:first + 1]
+  ignored = sampler.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8,
+                                                         ignore_eos=True))[0][0]
+  assert ignored.finish_reason == "length" and list(ignored.token_ids) == ref
+  stop = ref[5]
+  by_stop = setup[3].generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8,
+                                                          stop_token_ids=(stop,)))[0][0]
+  assert by_stop.finish_reason == "stop" and by_stop.token_ids[-1] == stop
+  assert len(by_stop.token_ids) == ref.index(stop) + 1
+
+
+def test_filter_logits_matches_numpy():
+  rng = np.random.RandomState(0)
+  logits = rng.randn(3, 50).astype(np.float32)
+  out = np.asarray(filter_logits(jnp.asarray(logits), jnp.asarray([1.0, 0.5, 2.0]),
+                                 jnp.asarray([5, 0, 10]), jnp.asarray([1.0, 0.6, 0.3])))
+  for i, (t, k, p) in enumerate([(1.0, 5, 1.0), (0.5, 0, 0.6), (2.0, 10, 0.3)]):
+    z = logits[i] / t
+    order = np.argsort(-z)
+    keep = np.zeros(50, bool)
+    keep[order[:k or 50]] = True
+    probs = np.exp(z[order[:k or 50]] - z[order[0]])
+    probs /= probs.sum()
+    before = np.cumsum(probs) - probs
+    keep_p = np.zeros(50, bool)
+    keep_p[order[:k or 50][before < p]] = True
+    expect = keep & keep_p
+    assert (np.isfinite(out[i]) == expect).all(), i
+
+
+def test_bad_sampling_params_are_named():
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingParams(top_p=0.0)
+  with pytest.raises(ValueError, match="max_tokens"):
+    SamplingParams(max_tokens=0)
