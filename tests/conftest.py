@@ -38,7 +38,10 @@ def tiny_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def served_model_dir(tmp_path_factory, tiny_dirs):
-  """A model written by `save_hf` (with tokenizer), which the vLLM server serves."""
+  """A model written by `save_hf` (with tokenizer), which the vLLM server serves.
+
+  Written untied (explicit lm_head.weight): the sampler tests reload weights in
+  place, which vLLM does not propagate to a tied LM head."""
   import jax
   from transformers import AutoTokenizer
   from rlvr import model
@@ -46,7 +49,8 @@ def served_model_dir(tmp_path_factory, tiny_dirs):
   # Move away from the factory's weights so the served copy is save_hf's own.
   params = jax.tree.map(lambda p: p * 1.1, params)
   out = str(tmp_path_factory.mktemp("served") / "policy")
-  model.save_hf(out, cfg, params, tokenizer=AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]))
+  model.save_hf(out, cfg, params, tokenizer=AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]),
+                untie_embeddings=True)
   return out
 
 

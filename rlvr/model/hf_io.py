@@ -208,8 +208,15 @@ def load_hf(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None,
 
 
 # ------------------------------------------------------------------- writing
-def hf_tensors(config: ModelConfig, params) -> Iterator[tuple[str, np.ndarray]]:
-  """Yields (HF key, numpy array) for every tensor of the checkpoint."""
+def hf_tensors(config: ModelConfig, params, untie_embeddings: bool = False
+               ) -> Iterator[tuple[str, np.ndarray]]:
+  """Yields (HF key, numpy array) for every tensor of the checkpoint.
+
+  untie_embeddings: for a tied model, also yield `lm_head.weight` (a copy of the
+  embedding), to be written with a config that says untied.
+  """
+  if untie_embeddings and config.tie_word_embeddings:
+    yield "lm_head.weight", np.asarray(jax.device_get(params["embedding"]))
   for rule, leaf in active_rules(config):
     value = _get(params, rule.path)
     if value is None:
@@ -226,10 +233,13 @@ def hf_tensors(config: ModelConfig, params) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def save_hf(path: str, config: ModelConfig, params, tokenizer=None, *,
-            dtype=None, max_shard_bytes: int = 4 << 30) -> str:
+            dtype=None, max_shard_bytes: int = 4 << 30, untie_embeddings: bool = False) -> str:
   """Writes config.json + safetensors (sharded past `max_shard_bytes`) (+ tokenizer).
 
   dtype: dtype of the written tensors (default: that of the params).
+  untie_embeddings: write a tied model as an untied one (explicit `lm_head.weight`).
+    vLLM's in-place `reload_weights` refreshes the embedding but leaves a tied
+    LM head on the old weights, so checkpoints served for RL are written untied.
   The result loads with transformers' `from_pretrained` and in vLLM.
   """
   path = os.fspath(path)
@@ -237,7 +247,7 @@ def save_hf(path: str, config: ModelConfig, params, tokenizer=None, *,
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
   np_dtype = None if dtype is None else np.dtype(jnp.dtype(dtype))
-  for key, arr in hf_tensors(config, params):
+  for key, arr in hf_tensors(config, params, untie_embeddings):
     if np_dtype is not None:
       arr = arr.astype(np_dtype)
     if shards[-1] and size + arr.nbytes > max_shard_bytes:
@@ -263,6 +273,8 @@ def save_hf(path: str, config: ModelConfig, params, tokenizer=None, *,
         total += arr.nbytes
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  if untie_embeddings:
+    config = dataclasses.replace(config, tie_word_embeddings=False)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(config.to_hf(dtype_name), f, indent=2)
   if tokenizer is not None:

@@ -7,7 +7,10 @@ that keeps failing is reported by URL, and one whose engine has died
 (HTTP 5xx on every request, /health failing) is reported as such.
 
 Weight sync writes the params as an HF checkpoint into `sync_dir` (which the
-servers must be able to read), then on every server: `/collective_rpc`
+servers must be able to read), always untied: vLLM's in-place reload refreshes
+a tied model's embedding but not its LM head, so the servers must serve an
+untied copy of the policy from the start (`serve_policy_copy` writes one).
+Then on every server: `/collective_rpc`
 `reload_weights`, `/reset_prefix_cache` (stale prefix KV otherwise) and
 `/update_weight_version`. A lock keeps `generate` and `update_weights` apart,
 so one `generate` call never mixes weight versions.
@@ -77,6 +80,13 @@ def parse_completion_response(body: Any, n: int, want_logprobs: bool,
     out.append(Completion(token_ids=tuple(ids), logprobs=lps, text=c.get("text") or "",
                           finish_reason=reason, weight_version=version))
   return out
+
+
+def serve_policy_copy(path: str, model_config: ModelConfig, params, tokenizer=None,
+                      dtype=None) -> str:
+  """Writes the checkpoint a vLLM server for RL should start from (untied)."""
+  return hf_io.save_hf(path, model_config, params, tokenizer=tokenizer, dtype=dtype,
+                       untie_embeddings=True)
 
 
 class VLLMSampler:
@@ -192,7 +202,7 @@ class VLLMSampler:
       raise ValueError("sync_dir: VLLMSampler needs a directory the servers can read "
                        "to push weights")
     path = os.path.join(os.path.abspath(self.sync_dir), f"v{version}")
-    hf_io.save_hf(path, self.model_config, params, dtype=self.sync_dtype)
+    hf_io.save_hf(path, self.model_config, params, dtype=self.sync_dtype, untie_embeddings=True)
     with self._lock:
       for url in self.urls:
         self._post(url, "/collective_rpc", {"method": "reload_weights",

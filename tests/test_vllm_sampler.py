@@ -1,0 +1,160 @@
+"""VLLMSampler against a real vLLM CPU server: logprobs, weight sync, faults."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlvr import model
+from rlvr.sampling import SamplingParams
+from rlvr.sampling.vllm_sampler import (EngineDeadError, MalformedResponseError, SamplerError,
+                                        VLLMSampler, parse_completion_response)
+from rlvr.sampling.vllm_server import ServerOptions, free_port, start_server
+
+_WIDTH = 96
+
+
+@functools.lru_cache
+def _logprob_fn(cfg):
+  return jax.jit(lambda p, t: jax.nn.log_softmax(model.forward(p, t, config=cfg)[0], axis=-1))
+
+
+def _our_logprobs(params, cfg, prompt, completion):
+  seq = list(prompt) + list(completion)
+  padded = np.zeros((1, _WIDTH), np.int32)
+  padded[0, :len(seq)] = seq
+  logp = np.asarray(_logprob_fn(cfg)(params, jnp.asarray(padded)))
+  pos = np.arange(len(prompt) - 1, len(seq) - 1)
+  return logp[pos, list(completion)]
+
+
+@pytest.fixture(scope="module")
+def client(vllm_server, served_model_dir, tmp_path_factory):
+  cfg, params = model.load_hf(served_model_dir)
+  sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
+                        sync_dir=str(tmp_path_factory.mktemp("sync")),
+                        model_name=vllm_server.options.served_model_name)
+  yield sampler, cfg, params
+  sampler.close()
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [300, 301, 302], list(range(100, 140))]
+
+
+def _max_diff(outs, prompts, params, cfg):
+  worst = 0.0
+  for prompt, group in zip(prompts, outs):
+    for c in group:
+      ours = _our_logprobs(params, cfg, prompt, c.token_ids)
+      worst = max(worst, float(np.abs(np.asarray(c.logprobs) - ours).max()))
+  return worst
+
+
+def test_sampled_logprobs_match_ours(client):
+  sampler, cfg, params = client
+  outs = sampler.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=0,
+                                                  ignore_eos=True))
+  assert [len(g) for g in outs] == [4, 4, 4]
+  assert all(len(c.token_ids) == 24 and c.finish_reason == "length" for g in outs for c in g)
+  assert len({c.token_ids for c in outs[0]}) > 1
+  assert _max_diff(outs, PROMPTS, params, cfg) <= 1e-3
+  again = sampler.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=0,
+                                                   ignore_eos=True))
+  assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in outs]
+
+
+def test_weight_sync_serves_new_params_even_for_cached_prefixes(client):
+  sampler, cfg, params = client
+  sp = SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=1, ignore_eos=True)
+  before = sampler.generate(PROMPTS, sp)  # fills the prefix cache with the old weights
+  assert _max_diff(before, PROMPTS, params, cfg) <= 1e-3
+  new = jax.tree.map(lambda p: p + 0.05 * jnp.cos(jnp.arange(p.size).reshape(p.shape)), params)
+  try:
+    sampler.update_weights(new, version=1)
+    after = sampler.generate(PROMPTS, sp)
+    assert all(c.weight_version == 1 for g in after for c in g)
+    assert _max_diff(after, PROMPTS, new, cfg) <= 1e-3
+    assert _max_diff(after, PROMPTS, params, cfg) > 1e-2  # not the old weights
+    info = sampler._session().get(sampler.urls[0] + "/weight_info").json()
+    assert info["weight_version"] == "1"
+  finally:
+    sampler.update_weights(params, version=2)  # the session server is shared
+  assert _max_diff(sampler.generate(PROMPTS, sp), PROMPTS, params, cfg) <= 1e-3
+
+
+def test_parse_reports_malformed_responses():
+  good = {"choices": [{"index": 0, "token_ids": [1, 2], "text": "ab", "finish_reason": "stop",
+                       "logprobs": {"token_logprobs": [-0.1, -0.2]}}]}
+  (c,) = parse_completion_response(good, 1, True, set(), 3)
+  assert c.token_ids == (1, 2) and c.logprobs == (-0.1, -0.2) and c.weight_version == 3
+  cases = {
+      "no 'choices'": {"error": "x"},
+      "expected 2 choices": good,
+      "token_ids missing": {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+      "token_logprobs missing or of length 1": {"choices": [dict(
+          good["choices"][0], logprobs={"token_logprobs": [-0.1]})]},
+      "finish_reason: unexpected": {"choices": [dict(good["choices"][0], finish_reason="eos")]},
+  }
+  for msg, body in cases.items():
+    with pytest.raises(MalformedResponseError, match=msg):
+      parse_completion_response(body, 2 if "2 choices" in msg else 1, True, set(), None)
+  with pytest.raises(MalformedResponseError, match="no 'choices'"):
+    parse_completion_response("<html>502</html>", 1, True, set(), None)
+
+
+def _long_seeded_batch(sampler, cfg, n_prompts=8, length=300):
+  rng = np.random.RandomState(0)
+  prompts = [[int(t) for t in rng.randint(3, cfg.vocab_size - 70, length)]
+             for _ in range(n_prompts)]
+  return sampler.generate(prompts, SamplingParams(n=1, temperature=1.0, max_tokens=8, seed=5,
+                                                  ignore_eos=True))
+
+
+def test_launcher_flags_survive_seeded_long_batches(client):
+  """8 x 300 prompt tokens, seeded, batched: the CPU engine crashes when such a prefill
+  is chunked; the launcher's token budget (16384) keeps it whole."""
+  sampler, cfg, _ = client
+  outs = _long_seeded_batch(sampler, cfg)
+  assert all(len(g[0].token_ids) == 8 for g in outs)
+  assert sampler.health(sampler.urls[0])[0]
+
+
+@pytest.mark.slow
+def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
+  cfg, params = model.load_hf(served_model_dir)
+  port = free_port()
+  # A server with a small token budget: seeded batched prefills get chunked and its engine dies.
+  bad = start_server(served_model_dir, ServerOptions(port=port, max_model_len=1024,
+                                                     max_num_batched_tokens=128, max_num_seqs=16),
+                     log_path=str(tmp_path / "bad.log"))
+  sampler = VLLMSampler(bad.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
+                        model_name="policy", retries=2, backoff_s=0.2, request_timeout_s=60)
+  try:
+    with pytest.raises(EngineDeadError, match=f"{bad.url}.*engine dead"):
+      _long_seeded_batch(sampler, cfg)
+    assert "CPU Generator does not use offset" in open(bad.log_path).read()
+  finally:
+    bad.stop()
+  # The same URL comes back with the launcher's flags: the client picks it up.
+  good = start_server(served_model_dir, ServerOptions(port=port, max_model_len=1024),
+                      log_path=str(tmp_path / "good.log"))
+  try:
+    outs = _long_seeded_batch(sampler, cfg)
+    assert all(len(g[0].token_ids) == 8 for g in outs)
+    # Killed mid-run: a clear error naming the server once the retry budget is spent.
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+      fut = ex.submit(sampler.generate, [[5, 6, 7]] * 4,
+                      SamplingParams(n=8, max_tokens=900, ignore_eos=True))
+      time.sleep(1.0)
+      good.stop(timeout=5)
+      with pytest.raises(SamplerError, match=f"vLLM server {good.url}"):
+        fut.result(timeout=120)
+  finally:
+    good.stop()
+    sampler.close()
