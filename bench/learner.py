@@ -17,6 +17,8 @@ import time
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_configs import CONFIGS  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("model", "27m", ["27m", "1.5b"], "Config to benchmark.")
@@ -26,16 +28,6 @@ flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up step).")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 flags.DEFINE_bool("remat", False, "Rematerialise decoder layers.")
 flags.DEFINE_bool("skip_torch", False, "Only run ours.")
-
-CONFIGS = {
-    "27m": dict(family="qwen2", vocab_size=8192, hidden_size=512, intermediate_size=1408,
-                num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,
-                tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6),
-    "1.5b": dict(family="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                 num_layers=28, num_heads=12, num_kv_heads=2, head_dim=128,
-                 tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6),
-}
-
 
 def model_flops_per_token(cfg, seq: int) -> float:
   """6 x (matmul params incl. LM head) + causal-agnostic attention 12 L T d_attn."""
