@@ -174,7 +174,8 @@ def micro_loss(params, ref_params, batch: TrainBatch, normalizer, model_cfg: Mod
   logp, entropy = sequence_logprobs(params, batch, model_cfg, cfg)
   old = jax.lax.stop_gradient(logp) if batch.old_logp_bt is None else batch.old_logp_bt
   tokens = jnp.sum(mask).astype(jnp.float32)
-  sums = {"tokens": tokens, "entropy": grpo.masked_sum(entropy, mask)}
+  sums = {"tokens": tokens, "entropy": grpo.masked_sum(entropy, mask),
+          "logp": grpo.masked_sum(jax.lax.stop_gradient(logp), mask)}
   is_weight = None
   if batch.sampler_logp_bt is not None:
     is_weight, mismatch = grpo.truncated_is_weight(old, batch.sampler_logp_bt, mask,

@@ -115,7 +115,7 @@ class Attention(nn.Module):
   param_dtype: Any
 
   @nn.compact
-  def __call__(self, x_btd, positions_bt, segment_bt, layer_cache):
+  def __call__(self, x_btd, positions_bt, segment_bt, kv, layer):
     c, pd = self.config, self.param_dtype
     dt = x_btd.dtype
     h, kvh, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
@@ -140,17 +140,21 @@ class Attention(nn.Module):
     k = apply_rope(k, positions_bt, inv_freq)
 
     t = x_btd.shape[1]
-    if layer_cache is None:
+    if kv is None:
       keys, values, kv_segment = k, v, segment_bt
       q_slot = k_slot = jnp.arange(t)
     else:
-      ck, cv, cseg, index = layer_cache
-      keys = jax.lax.dynamic_update_slice_in_dim(ck, k.astype(ck.dtype), index, axis=1)
-      values = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), index, axis=1)
-      kv_segment = cseg
+      # The whole stack's cache rides in the scan carry and is updated in place
+      # at [layer, :, index]; slicing per layer through scan outputs would copy it.
+      k_all, v_all, kv_segment, index = kv
+      at = (layer, 0, index, 0, 0)
+      k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
+      v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
+      keys = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
+      values = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
       q_slot = index + jnp.arange(t)
       k_slot = jnp.arange(keys.shape[1])
-      layer_cache = (keys, values)
+      kv = (k_all, v_all, kv_segment, index)
     mask_bts = ((segment_bt[:, :, None] == kv_segment[:, None, :])
                 & (kv_segment[:, None, :] != 0)
                 & (k_slot[None, None, :] <= q_slot[None, :, None]))
@@ -171,7 +175,7 @@ class Attention(nn.Module):
     out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4)
     out = out.reshape(out.shape[:2] + (h * hd,))
     wo = _param(self, "o_kernel", (h, hd, d), ("heads", "head_dim", "embed"), pd)
-    return dense(out, wo.reshape(h * hd, d).astype(dt)), layer_cache
+    return dense(out, wo.reshape(h * hd, d).astype(dt)), kv
 
 
 class MLP(nn.Module):
@@ -188,21 +192,22 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-  """Pre-norm residual block; the scan body, so it returns (carry, per-layer out)."""
+  """Pre-norm residual block; the scan body: carry (x, kv cache or None), xs = layer index."""
 
   config: ModelConfig
   param_dtype: Any
 
   @nn.compact
-  def __call__(self, x, positions_bt, segment_bt, layer_cache):
+  def __call__(self, carry, positions_bt, segment_bt, layer):
     c, pd = self.config, self.param_dtype
-    y, new_cache = Attention(c, pd, name="attn")(
+    x, kv = carry
+    y, kv = Attention(c, pd, name="attn")(
         RMSNorm(c.rms_norm_eps, param_dtype=pd, name="input_norm")(x),
-        positions_bt, segment_bt, layer_cache)
+        positions_bt, segment_bt, kv, layer)
     x = x + y
     x = x + MLP(c, pd, name="mlp")(RMSNorm(c.rms_norm_eps, param_dtype=pd, name="post_attn_norm")(x))
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-    return x, new_cache
+    return (x, kv), None
 
 
 class Decoder(nn.Module):
@@ -230,15 +235,15 @@ class Decoder(nn.Module):
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(c, pd, name="layers")
 
+    layers = jnp.arange(c.num_layers)
     if cache is None:
-      x, _ = scanned(x, positions_bt, segment_bt, None)
+      (x, _), _ = scanned((x, None), positions_bt, segment_bt, layers)
       new_cache = None
     else:
       seg_in_cache = jax.lax.dynamic_update_slice_in_dim(
           cache.segment_bs, segment_bt.astype(jnp.int32), cache.index, axis=1)
-      idx = jnp.broadcast_to(cache.index, (c.num_layers,))
-      segs = jnp.broadcast_to(seg_in_cache, (c.num_layers,) + seg_in_cache.shape)
-      x, (k, v) = scanned(x, positions_bt, segment_bt, (cache.k, cache.v, segs, idx))
+      kv = (cache.k, cache.v, seg_in_cache, cache.index)
+      (x, (k, v, _, _)), _ = scanned((x, kv), positions_bt, segment_bt, layers)
       new_cache = KVCache(k=k, v=v, segment_bs=seg_in_cache,
                           index=cache.index + tokens_bt.shape[1])
 

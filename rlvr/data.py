@@ -1,0 +1,286 @@
+"""Datasets of (problem, answer) rows, prompt formatting and a resumable shuffle.
+
+Math RL sets come in a few layouts (METHODS.md, "Data formats seen in the
+wild"): verl parquet with chat messages and `reward_model.ground_truth`, jsonl
+with {question, ref_answer} or {problem, answer}, and JSON arrays. All of them
+become `Example`s here, so the rest of the library sees one shape. Bad rows are
+skipped and reported by row index rather than silently dropped: a reward
+computed against an empty answer is worse than a smaller dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# Our own wording; appended to every problem unless the caller passes another.
+DEFAULT_INSTRUCTION = "Work through this step by step, then give the final answer as \\boxed{answer}."
+
+PROBLEM_FIELDS = ("problem", "question", "prompt")
+ANSWER_FIELDS = ("answer", "ref_answer", "ground_truth", "reward_model.ground_truth")
+# verl eval sets keep the human-written reference solution in extra_info.answer.
+SOLUTION_FIELDS = ("solution", "extra_info.answer")
+SOURCE_FIELDS = ("data_source", "source")
+BAD_ROW_POLICIES = ("skip", "error")
+_SHOWN_BAD_ROWS = 5
+
+
+class DatasetError(ValueError):
+  """A dataset file that cannot be used: bad format, bad row (on_bad_row="error"), no valid row."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One problem with its verifiable answer; `index` is the row index in its file."""
+  problem: str
+  answer: str
+  source: str = ""
+  index: int = -1
+  solution: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """The valid examples of one file plus the (row index, reason) of every skipped row."""
+  examples: tuple[Example, ...]
+  bad_rows: tuple[tuple[int, str], ...]
+  path: str
+
+  def __len__(self) -> int:
+    return len(self.examples)
+
+  def __getitem__(self, i):
+    return self.examples[i]
+
+  def __iter__(self) -> Iterator[Example]:
+    return iter(self.examples)
+
+
+# ------------------------------------------------------------------ raw rows
+def _jsonl_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
+  """(row index = 0-based line number, object, error); blank lines are not rows."""
+  with open(path, encoding="utf-8") as f:
+    for i, line in enumerate(f):
+      if not line.strip():
+        continue
+      try:
+        yield i, json.loads(line), None
+      except json.JSONDecodeError as e:
+        yield i, None, f"line {i + 1}: invalid JSON ({e.msg})"
+
+
+def _json_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
+  with open(path, encoding="utf-8") as f:
+    try:
+      data = json.load(f)
+    except json.JSONDecodeError as e:
+      raise DatasetError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from e
+  if not isinstance(data, list):
+    raise DatasetError(f"{path}: expected a JSON array of objects, got {type(data).__name__}")
+  for i, row in enumerate(data):
+    yield i, row, None
+
+
+def _parquet_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
+  import pyarrow.parquet as pq  # only parquet readers pay for the import
+  for i, row in enumerate(pq.read_table(path).to_pylist()):
+    yield i, row, None
+
+
+_READERS = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
+
+
+# ------------------------------------------------------------------ fields
+def _lookup(row: Mapping, field: str) -> Any:
+  """row[field], where a dotted field walks nested dicts; None when absent."""
+  if field in row:
+    return row[field]
+  value: Any = row
+  for part in field.split("."):
+    if not isinstance(value, Mapping) or part not in value:
+      return None
+    value = value[part]
+  return value
+
+
+def _first_present(row: Mapping, fields: Sequence[str]) -> Any:
+  for field in fields:
+    value = _lookup(row, field)
+    if value is not None:
+      return value
+  return None
+
+
+def _problem_text(value: Any) -> str | None:
+  """A problem is a string, or chat messages whose last user message holds it (verl)."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, Sequence):
+    users = [m for m in value if isinstance(m, Mapping) and m.get("role") == "user"]
+    if users and isinstance(users[-1].get("content"), str):
+      return users[-1]["content"]
+  return None
+
+
+def _answer_text(value: Any) -> str | None:
+  """Answers are compared as text; JSON numbers (AIME's ints) become their decimal string."""
+  if isinstance(value, bool):
+    return None
+  if isinstance(value, str):
+    return value
+  if isinstance(value, int):
+    return str(value)
+  if isinstance(value, float):
+    return str(int(value)) if value.is_integer() else repr(value)
+  return None
+
+
+def _to_example(row: Any, index: int, problem_fields, answer_fields,
+                default_source: str) -> Example | str:
+  """The row's Example, or the reason it is bad."""
+  if not isinstance(row, Mapping):
+    return f"not an object ({type(row).__name__})"
+  raw_problem = _first_present(row, problem_fields)
+  if raw_problem is None:
+    return f"missing problem (tried {', '.join(problem_fields)})"
+  problem = _problem_text(raw_problem)
+  if problem is None:
+    return f"problem is neither text nor chat messages with a user turn ({type(raw_problem).__name__})"
+  if not problem.strip():
+    return "empty problem"
+  raw_answer = _first_present(row, answer_fields)
+  if raw_answer is None:
+    return f"missing answer (tried {', '.join(answer_fields)})"
+  answer = _answer_text(raw_answer)
+  if answer is None:
+    return f"answer has unsupported type {type(raw_answer).__name__}"
+  if not answer.strip():
+    return "empty answer"
+  solution = _first_present(row, SOLUTION_FIELDS)
+  source = _first_present(row, SOURCE_FIELDS)
+  return Example(problem=problem, answer=answer.strip(),
+                 source=source if isinstance(source, str) else default_source, index=index,
+                 solution=solution if isinstance(solution, str) and solution.strip() else None)
+
+
+def _summary(bad_rows: Sequence[tuple[int, str]]) -> str:
+  shown = "; ".join(f"row {i}: {reason}" for i, reason in bad_rows[:_SHOWN_BAD_ROWS])
+  more = f"; ... {len(bad_rows) - _SHOWN_BAD_ROWS} more" if len(bad_rows) > _SHOWN_BAD_ROWS else ""
+  return shown + more
+
+
+def read_dataset(path: str, *, problem_field: str | None = None, answer_field: str | None = None,
+                 on_bad_row: str = "skip", limit: int | None = None) -> Dataset:
+  """Reads a .parquet / .jsonl / .json file of math problems into a `Dataset`.
+
+  problem_field / answer_field: a (dotted) field name; by default the first
+  present of PROBLEM_FIELDS / ANSWER_FIELDS. A row with a missing or empty
+  problem or answer, or an unparseable JSON line, is skipped and listed in
+  `bad_rows` (on_bad_row="skip") or raises DatasetError (on_bad_row="error").
+  limit: stop after this many valid examples.
+  """
+  if on_bad_row not in BAD_ROW_POLICIES:
+    raise ValueError(f"on_bad_row: unknown {on_bad_row!r}; expected one of {BAD_ROW_POLICIES}")
+  if limit is not None and limit < 1:
+    raise ValueError(f"limit: must be a positive number of examples, got {limit}")
+  ext = os.path.splitext(path)[1].lower()
+  if ext not in _READERS:
+    raise DatasetError(f"{path}: unsupported extension {ext!r}; expected one of {sorted(_READERS)}")
+  problem_fields = (problem_field,) if problem_field else PROBLEM_FIELDS
+  answer_fields = (answer_field,) if answer_field else ANSWER_FIELDS
+  default_source = os.path.splitext(os.path.basename(path))[0]
+  examples, bad_rows, num_rows = [], [], 0
+  for index, row, error in _READERS[ext](path):
+    num_rows += 1
+    result = error or _to_example(row, index, problem_fields, answer_fields, default_source)
+    if isinstance(result, Example):
+      examples.append(result)
+      if limit is not None and len(examples) >= limit:
+        break
+      continue
+    if on_bad_row == "error":
+      raise DatasetError(f"{path}: row {index}: {result}")
+    bad_rows.append((index, result))
+  if not examples:
+    raise DatasetError(f"{path}: no valid row among {num_rows} rows"
+                       + (f"; {_summary(bad_rows)}" if bad_rows else ""))
+  if bad_rows:
+    log.warning("read_dataset(%s): skipped %d of %d rows (%s)", path, len(bad_rows), num_rows,
+                _summary(bad_rows))
+  return Dataset(examples=tuple(examples), bad_rows=tuple(bad_rows), path=path)
+
+
+# ------------------------------------------------------------------ prompts
+def user_message(problem: str, instruction: str = DEFAULT_INSTRUCTION) -> str:
+  return f"{problem}\n\n{instruction}" if instruction else problem
+
+
+def format_prompt(tokenizer, problem: str, instruction: str = DEFAULT_INSTRUCTION) -> list[int]:
+  """Token ids of the chat-templated user turn, ending with the assistant header.
+
+  transformers 5 returns a BatchEncoding from apply_chat_template(tokenize=True),
+  older versions a plain list; both end up as a list of Python ints.
+  """
+  messages = [{"role": "user", "content": user_message(problem, instruction)}]
+  ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+  if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
+    ids = ids["input_ids"]
+  return [int(t) for t in ids]
+
+
+# ------------------------------------------------------------------ order
+class DataStream:
+  """Endless shuffled indices into n examples, resumable from a saved position.
+
+  Epoch e is the permutation drawn by default_rng((seed, e)); `position`
+  counts indices drawn so far, so (n, seed, position) fully determines what
+  comes next and a checkpoint only stores three integers. The epoch enters the
+  seed as a separate word (not seed + epoch) so that seed s + 1 does not replay
+  seed s's epochs shifted by one.
+  """
+
+  def __init__(self, n: int, seed: int, position: int = 0):
+    if n < 1:
+      raise ValueError(f"DataStream: n must be >= 1, got {n}")
+    if seed < 0 or position < 0:
+      raise ValueError(f"DataStream: seed and position must be >= 0, got {seed}, {position}")
+    self._n, self._seed, self._position = int(n), int(seed), int(position)
+    self._epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+  @property
+  def position(self) -> int:
+    return self._position
+
+  def epoch_permutation(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng((self._seed, epoch)).permutation(self._n)
+
+  def next_indices(self, k: int) -> list[int]:
+    if k < 0:
+      raise ValueError(f"next_indices: k must be >= 0, got {k}")
+    out: list[int] = []
+    while len(out) < k:
+      epoch, offset = divmod(self._position, self._n)
+      if epoch != self._epoch:
+        self._epoch, self._perm = epoch, self.epoch_permutation(epoch)
+      take = self._perm[offset:offset + k - len(out)]
+      out.extend(int(i) for i in take)
+      self._position += len(take)
+    return out
+
+  def state(self) -> dict[str, int]:
+    return {"n": self._n, "seed": self._seed, "position": self._position}
+
+  @classmethod
+  def from_state(cls, state: Mapping[str, Any]) -> DataStream:
+    missing = {"n", "seed", "position"} - set(state)
+    if missing:
+      raise ValueError(f"DataStream.from_state: missing keys {sorted(missing)} in {dict(state)}")
+    return cls(int(state["n"]), int(state["seed"]), int(state["position"]))
