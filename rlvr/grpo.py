@@ -171,6 +171,7 @@ def token_logprobs_and_entropy(hidden_btd: jax.Array, head_dv: jax.Array, tokens
   h = hidden_btd[:, :-1]
   targets = tokens_bt[:, 1:]
   n = t - 1
+  chunk = max(1, min(chunk, n))
   pad = (-n) % chunk
   h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
   targets = jnp.pad(targets, ((0, 0), (0, pad)))

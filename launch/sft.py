@@ -1,0 +1,51 @@
+r"""Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only.
+
+  python -m launch.sft --model=DIR --data=pairs.jsonl --workdir=workdir/sft --steps=500
+  python -m launch.sft --model=DIR --data=arithmetic --steps=400      # procedural task
+
+--data rows need a problem/prompt field and a solution/completion field
+(--problem_field / --completion_field). Uses the learner's sharded update and
+orbax checkpoints (rerun to resume); writes the result as an HF dir workdir/model.
+"""
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", None, "HF model directory to start from.", required=True)
+flags.DEFINE_string("data", None, "jsonl/json/parquet pairs, or 'arithmetic'.", required=True)
+flags.DEFINE_string("workdir", "workdir/sft", "Output directory.")
+flags.DEFINE_string("problem_field", "prompt", "Prompt column (chat-templated).")
+flags.DEFINE_string("completion_field", "completion", "Completion column.")
+flags.DEFINE_string("instruction", "", "Appended to each prompt.")
+flags.DEFINE_integer("steps", 500, "Optimizer steps.")
+flags.DEFINE_integer("batch_size", 32, "Pairs per step.")
+flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate (warmup + cosine).")
+flags.DEFINE_string("mesh", "fsdp=-1", "Mesh axes, e.g. data=2,fsdp=4.")
+flags.DEFINE_integer("seed", 0, "Shuffling seed.")
+
+
+def main(argv):
+  del argv
+  from rlvr import learner, sharding
+  from rlvr.sft import train_sft
+  if FLAGS.data == "arithmetic":
+    from rlvr.tasks import arithmetic
+    train, _ = arithmetic.make_splits(1000, 0, 1, FLAGS.seed)
+    pairs = [(p.problem, p.solution) for p in train]
+  else:
+    from rlvr.data import read_dataset
+    ds = read_dataset(FLAGS.data, problem_field=FLAGS.problem_field,
+                      answer_field=FLAGS.completion_field)
+    pairs = [(e.problem, e.answer) for e in ds]
+  mesh = sharding.make_mesh({k: int(v) for k, v in (p.split("=") for p in FLAGS.mesh.split(","))})
+  lc = learner.LearnerConfig(learning_rate=FLAGS.learning_rate, lr_schedule="cosine",
+                             warmup_steps=min(50, FLAGS.steps // 10), total_steps=FLAGS.steps,
+                             weight_decay=0.0, dual_clip=None)
+  out = train_sft(FLAGS.model, pairs, FLAGS.workdir, learner_cfg=lc, mesh=mesh,
+                  instruction=FLAGS.instruction, steps=FLAGS.steps, batch_size=FLAGS.batch_size,
+                  seed=FLAGS.seed)
+  print(f"SFT model written to {out}")
+
+
+if __name__ == "__main__":
+  app.run(main)

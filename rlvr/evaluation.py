@@ -1,0 +1,103 @@
+"""pass@k / avg@n evaluation of a sampler on problem sets, over several seeds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rlvr import metrics as metrics_lib
+from rlvr.sampling.types import Sampler, SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  n: int = 8                      # samples per problem
+  seeds: tuple[int, ...] = (0,)   # repeat the whole evaluation per seed
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  max_tokens: int = 256
+  batch_prompts: int = 64         # prompts per generate call
+
+
+def evaluate_set(sampler: Sampler, prompt_ids: Sequence[Sequence[int]], answers: Sequence[str],
+                 score_fn: Callable, cfg: EvalConfig, progress: bool = False) -> dict:
+  """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...]}."""
+  ks = metrics_lib.ks_up_to(cfg.n)
+  per_seed = []
+  for seed in cfg.seeds:
+    counts = []
+    chunks = range(0, len(prompt_ids), cfg.batch_prompts)
+    if progress:
+      from tqdm import tqdm
+      chunks = tqdm(chunks, desc=f"eval seed {seed}", unit="batch", leave=False)
+    for start in chunks:
+      idx = list(range(start, min(start + cfg.batch_prompts, len(prompt_ids))))
+      sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                          max_tokens=cfg.max_tokens, seed=seed * 100_003 + start)
+      outs = sampler.generate([prompt_ids[i] for i in idx], sp)
+      texts = [c.text for g in outs for c in g]
+      golds = [answers[i] for i in idx for _ in range(cfg.n)]
+      _, correct = score_fn(texts, golds)
+      counts += list(np.asarray(correct, bool).reshape(len(idx), cfg.n).sum(axis=1))
+    counts = np.asarray(counts)
+    per_seed.append({
+        "seed": seed,
+        "pass@k": {k: float(np.mean([metrics_lib.pass_at_k(cfg.n, int(c), k) for c in counts]))
+                   for k in ks},
+        f"avg@{cfg.n}": float(counts.mean() / cfg.n),
+        "correct_counts": counts.tolist(),
+    })
+  agg = lambda xs: (float(np.mean(xs)), float(np.std(xs)))
+  return {
+      "n": cfg.n, "problems": len(prompt_ids), "seeds": list(cfg.seeds),
+      "pass@k": {k: agg([s["pass@k"][k] for s in per_seed]) for k in ks},
+      f"avg@{cfg.n}": agg([s[f"avg@{cfg.n}"] for s in per_seed]),
+      "per_seed": per_seed,
+  }
+
+
+def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation") -> dict:
+  """Markdown table, CSV, JSON and a pass@k curve PNG for {set name: evaluate_set result}."""
+  os.makedirs(outdir, exist_ok=True)
+  with open(os.path.join(outdir, "eval.json"), "w") as f:
+    json.dump(results, f, indent=2)
+  lines, csv = [], ["set,metric,k,mean,std"]
+  for name, r in results.items():
+    ks = sorted(r["pass@k"], key=int)
+    if not lines:
+      header = ["set"] + [f"pass@{k}" for k in ks] + [f"avg@{r['n']}"]
+      lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells = [name] + [f"{100 * r['pass@k'][k][0]:.1f} ± {100 * r['pass@k'][k][1]:.1f}"
+                      for k in ks]
+    avg = r[f"avg@{r['n']}"]
+    cells.append(f"{100 * avg[0]:.1f} ± {100 * avg[1]:.1f}")
+    lines.append("| " + " | ".join(cells) + " |")
+    csv += [f"{name},pass@k,{k},{r['pass@k'][k][0]:.6f},{r['pass@k'][k][1]:.6f}" for k in ks]
+    csv.append(f"{name},avg@{r['n']},{r['n']},{avg[0]:.6f},{avg[1]:.6f}")
+  with open(os.path.join(outdir, "eval.md"), "w") as f:
+    f.write(f"# {title}\n\n" + "\n".join(lines) + "\n")
+  with open(os.path.join(outdir, "eval.csv"), "w") as f:
+    f.write("\n".join(csv) + "\n")
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  for name, r in results.items():
+    ks = sorted(r["pass@k"], key=int)
+    ax.errorbar([int(k) for k in ks], [r["pass@k"][k][0] for k in ks],
+                yerr=[r["pass@k"][k][1] for k in ks], marker="o", capsize=3, label=name)
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("k")
+  ax.set_ylabel("pass@k")
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(outdir, "pass_at_k.png"), dpi=110)
+  plt.close(fig)
+  return {"markdown": os.path.join(outdir, "eval.md")}

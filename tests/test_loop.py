@@ -1,0 +1,170 @@
+"""The RL step: dynamic sampling, batch layout, one step with each sampler, resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from rlvr import learner, loop, model, sharding
+from rlvr.sampling import JaxSampler
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def first_token_even(texts, golds):
+  """A rule-based verifiable reward with ~50% success on a random policy."""
+  del golds
+  r = np.array([float(len(t) % 2 == 0) for t in texts], np.float32)
+  return r, r > 0
+
+
+def always_right(texts, golds):
+  r = np.ones(len(texts), np.float32)
+  return r, r > 0
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dirs):
+  cfg, params = model.load_hf(tiny_dirs["qwen2"])
+  tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+  return cfg, params, tok
+
+
+RL = loop.RLConfig(prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8,
+                   max_extra_rounds=2)
+PROMPTS = [[5 + i, 6 + i, 7 + i] for i in range(64)]
+ANSWERS = ["0"] * 64
+
+
+def _draw():
+  state = {"i": 0}
+
+  def draw(k):
+    out = [(state["i"] + j) % len(PROMPTS) for j in range(k)]
+    state["i"] += k
+    return out
+  return draw, state
+
+
+def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
+  cfg, params, tok = tiny
+  sampler = JaxSampler(cfg, params, tok)
+  draw, state = _draw()
+  kept, sampled, rounds = loop.gather_groups(sampler, draw, PROMPTS, ANSWERS, first_token_even,
+                                             RL, step=0)
+  assert len(kept) == RL.prompts_per_step
+  assert all(g.mixed for g in kept)
+  assert len(sampled) == state["i"] >= len(kept)
+  assert set(id(g) for g in kept) <= set(id(g) for g in sampled)
+  arrays = loop.build_batch(kept, RL, tok.pad_token_id)
+  assert arrays["tokens_bt"].shape == (RL.rows, RL.seq_len)
+  # advantages: zero-mean within each group, completion tokens in the loss only
+  adv = arrays["advantages_b"].reshape(RL.prompts_per_step, RL.group_size)
+  np.testing.assert_allclose(adv.mean(axis=1), 0, atol=1e-6)
+  for r, (g, c) in enumerate((g, c) for g in kept for c in g.completions):
+    p = len(g.prompt_ids)
+    assert list(arrays["tokens_bt"][r, :p]) == g.prompt_ids
+    assert arrays["loss_mask_bt"][r, :p].sum() == 0
+    assert arrays["loss_mask_bt"][r].sum() == len(c.token_ids)
+    np.testing.assert_allclose(arrays["sampler_logp_bt"][r, p:p + len(c.token_ids)], c.logprobs)
+
+
+def test_all_solved_data_ends_with_a_clear_message(tiny):
+  cfg, params, tok = tiny
+  draw, state = _draw()
+  with pytest.raises(loop.NoSignalError, match=r"no group with mixed rewards.*3 rounds.*"
+                                               r"solve_all 100%"):
+    loop.gather_groups(JaxSampler(cfg, params, tok), draw, PROMPTS, ANSWERS, always_right,
+                       RL, step=0)
+  # bounded: 4 prompts, then 2 x 8 over-sampled prompts
+  assert state["i"] == 4 + 8 + 8
+
+
+def test_one_step_with_jax_sampler_updates_and_syncs(tiny):
+  cfg, params, tok = tiny
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  lc = learner.LearnerConfig(learning_rate=1e-3)
+  state = learner.init_state(cfg, lc, params, mesh)
+  update = learner.make_update_fn(cfg, lc, mesh)
+  sampler = JaxSampler(cfg, params, tok)
+  draw, _ = _draw()
+  to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
+  state, m = loop.rl_step(state, update, sampler, draw, PROMPTS, ANSWERS, first_token_even,
+                          RL, 0, to_batch, tok.pad_token_id)
+  assert int(state.step) == 1 and sampler.version == 1
+  assert sampler._params is state.params
+  for key in ("reward_mean", "accuracy", "solve_all", "solve_none", "entropy",
+              "response_len_mean", "response_len_max", "truncated_frac", "clip_frac_low",
+              "clip_frac_high", "grad_norm", "mismatch_abs", "tokens_per_s", "time_sample",
+              "time_score", "time_update", "time_sync"):
+    assert key in m and np.isfinite(m[key]), key
+  assert m["groups_kept"] == 4 and m["mismatch_abs"] < 1e-4  # same weights sampled and learned
+
+
+def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir, tmp_path):
+  from rlvr.sampling.vllm_sampler import VLLMSampler
+  cfg, params = model.load_hf(served_model_dir)
+  tok = AutoTokenizer.from_pretrained(served_model_dir)
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  lc = learner.LearnerConfig(learning_rate=1e-2)
+  state = learner.init_state(cfg, lc, params, mesh)
+  update = learner.make_update_fn(cfg, lc, mesh)
+  sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=tok.eos_token_id,
+                        sync_dir=str(tmp_path / "sync"))
+  draw, _ = _draw()
+  to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
+  try:
+    state, m = loop.rl_step(state, update, sampler, draw, PROMPTS, ANSWERS, first_token_even,
+                            RL, 0, to_batch, tok.pad_token_id)
+    assert sampler.version == 1 and m["groups_kept"] == 4
+    assert m["mismatch_abs"] < 1e-3  # vLLM's logprobs vs the learner's, before the update
+    info = sampler._session().get(vllm_server.url + "/weight_info").json()
+    assert info["weight_version"] == "1"
+    # the server now serves the updated policy
+    from test_vllm_sampler import _our_logprobs
+    from rlvr.sampling import SamplingParams
+    out = sampler.generate([[5, 6, 7]], SamplingParams(n=1, max_tokens=8, seed=3,
+                                                       ignore_eos=True))[0][0]
+    new = jax.device_get(state.params)
+    np.testing.assert_allclose(out.logprobs, _our_logprobs(new, cfg, [5, 6, 7], out.token_ids),
+                               atol=1e-3)
+  finally:
+    sampler.update_weights(params, version=2)  # leave the shared server as we found it
+    sampler.close()
+
+
+def _train(workdir, *flags):
+  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
+         f"--workdir={workdir}", "--config.sft.steps=30", "--config.sft.learner.total_steps=30",
+         "--config.data.arithmetic.n_heldout=32", "--config.eval.sampling.n=2",
+         "--config.rl.loop.dynamic_sampling=False", "--config.rl.loop.prompts_per_step=4",
+         "--config.checkpoint.every=2", "--config.export_hf=False", *flags]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+
+
+_TIMING = ("time_", "tokens_per_s")
+
+
+@pytest.mark.slow
+def test_resume_after_kill_repeats_the_uninterrupted_run(tmp_path):
+  full = _train(str(tmp_path / "full"), "--config.rl.steps=4")
+  # "killed" after step 2: the first invocation stops there (its checkpoint at 2 is the
+  # last thing it wrote for GRPO); the rerun of the same command resumes.
+  _train(str(tmp_path / "cut"), "--config.rl.steps=2")
+  resumed = _train(str(tmp_path / "cut"), "--config.rl.steps=4")
+  assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+  for a, b in zip(full[2:], resumed[2:]):
+    for k in a:
+      if not k.startswith(_TIMING):
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
