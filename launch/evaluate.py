@@ -7,7 +7,7 @@ Writes eval.md (table), eval.csv, eval.json and pass_at_k.png into --workdir.
 Samples in-process with JaxSampler, or from vLLM servers with --vllm_urls.
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "HF model directory.", required=True)
@@ -30,6 +30,7 @@ flags.DEFINE_integer("reward_workers", 2, "math-verify processes.")
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
   import os
   from transformers import AutoTokenizer
   from rlvr import data as data_lib, evaluation, model

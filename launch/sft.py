@@ -8,7 +8,7 @@ r"""Supervised fine-tuning on (prompt, completion) pairs, loss on completion tok
 orbax checkpoints (rerun to resume); writes the result as an HF dir workdir/model.
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "HF model directory to start from.", required=True)
@@ -26,6 +26,7 @@ flags.DEFINE_integer("seed", 0, "Shuffling seed.")
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
   from rlvr import learner, sharding
   from rlvr.sft import train_sft
   if FLAGS.data == "arithmetic":

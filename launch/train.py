@@ -8,7 +8,7 @@ Rerunning the same command resumes from the work dir's last checkpoint.
 
 import json
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -19,6 +19,7 @@ flags.DEFINE_string("workdir", None, "Work dir (default: the config's workdir)."
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
   from rlvr import runner
   cfg = FLAGS.config
   if FLAGS.workdir:

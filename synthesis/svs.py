@@ -1,0 +1,135 @@
+"""SvS (self-play variational problem synthesis): the pure parts of one step.
+
+No jax, no network: the training loop passes sampled texts and scores in and
+gets prompts, problems, rewards and the training buffer out. Rules and
+numbers: METHODS.md "SvS".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+from typing import Sequence
+
+_PROMPT_PATH = os.path.join(os.path.dirname(__file__), "prompts", "svs_synthesis.txt")
+MAX_PROBLEM_CHARS = 4000
+
+
+def underperforming(acc: float, lo: float = 0.125, hi: float = 0.5) -> bool:
+  """Problems worth augmenting: lo <= acc <= hi (1..4 of 8 correct by default)."""
+  return lo <= acc <= hi
+
+
+def build_synthesis_prompt(solution_text: str, template: str | None = None) -> str:
+  """The synthesis task for one correct response (shown in <response> tags)."""
+  if template is None:
+    with open(_PROMPT_PATH) as f:
+      template = f.read()
+  return template.replace("{solution}", solution_text.strip())
+
+
+_TEXT_FENCE = re.compile(r"```text[ \t]*\n(.*?)```", re.DOTALL)
+_ANY_FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+
+
+def extract_problem(text: str, max_chars: int = MAX_PROBLEM_CHARS) -> str | None:
+  """The synthesized problem: after the last </think>, the ```text fence, else the first
+  fence of any kind; None when there is none, it is empty, or it exceeds max_chars."""
+  if "</think>" in text:
+    text = text.rsplit("</think>", 1)[1]
+  m = _TEXT_FENCE.search(text) or _ANY_FENCE.search(text)
+  if m is None:
+    return None
+  problem = m.group(1).strip()
+  if not problem or len(problem) > max_chars:
+    return None
+  return problem
+
+
+def synthesis_reward(acc: float, lo: float = 0.125, hi: float = 0.625,
+                     naive: bool = False) -> float:
+  """R_V of a synthetic problem from its solve accuracy: 1 if lo <= acc <= hi (1..5 of 8)
+  else 0; the naive ablation rewards any acc > 0 (exploitable by answer hints)."""
+  if naive:
+    return float(acc > 0)
+  return float(lo <= acc <= hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class SvSConfig:
+  under_lo: float = 0.125          # underperforming band (SvS-Asp: 0.375 .. 0.75)
+  under_hi: float = 0.5
+  reward_lo: float = 0.125         # synthesis reward band
+  reward_hi: float = 0.625
+  naive_reward: bool = False
+  syntheses_per_solution: int = 8  # G_v
+  type2_keep_ratio: float = 1.0    # fraction of mixed synthesis groups kept (paper ablates 0.2)
+  max_problem_chars: int = MAX_PROBLEM_CHARS
+  mode: str = "svs"                # "svs" or "eup" (second rollout instead of synthesis)
+
+  def __post_init__(self):
+    if not 0 <= self.under_lo <= self.under_hi <= 1:
+      raise ValueError(f"under_lo/under_hi: bad band {self.under_lo}..{self.under_hi}")
+    if not 0 <= self.reward_lo <= self.reward_hi <= 1:
+      raise ValueError(f"reward_lo/reward_hi: bad band {self.reward_lo}..{self.reward_hi}")
+    if not 0 <= self.type2_keep_ratio <= 1:
+      raise ValueError(f"type2_keep_ratio: must be in [0, 1], got {self.type2_keep_ratio}")
+    if self.syntheses_per_solution < 2:
+      raise ValueError("syntheses_per_solution: GRPO needs >= 2")
+    if self.mode not in ("svs", "eup"):
+      raise ValueError(f"mode: unknown {self.mode!r}; expected svs|eup")
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferGroup:
+  """One GRPO group of the mixed buffer: a prompt (text) and G scored responses.
+
+  kind: 1 original solving, 2 synthesis (solution -> problem), 3 synthetic solving.
+  answer: the reference the responses were scored against (for type 3: the ORIGINAL's).
+  """
+
+  kind: int
+  prompt: str
+  responses: tuple[str, ...]
+  rewards: tuple[float, ...]
+  answer: str | None = None
+  source: int = -1                 # index of the original problem
+
+
+def _mixed(rewards: Sequence[float]) -> bool:
+  return len(set(rewards)) > 1
+
+
+def solving_group(kind: int, prompt: str, responses, rewards, answer, source) -> BufferGroup | None:
+  """Types 1 and 3: kept only when 0 < acc < 1 (mixed rewards)."""
+  if not _mixed(rewards):
+    return None
+  return BufferGroup(kind, prompt, tuple(responses), tuple(float(r) for r in rewards),
+                     answer, source)
+
+
+def synthesis_group(prompt: str, syntheses: Sequence[str], synthetic_accs: Sequence[float | None],
+                    cfg: SvSConfig, source: int, rng: random.Random) -> BufferGroup | None:
+  """Type 2: the G_v syntheses of one correct response with their R_V rewards.
+
+  synthetic_accs[k] is the solve accuracy of synthesis k's problem, or None when
+  no problem could be extracted (reward 0). Kept only when rewards are mixed,
+  then with probability type2_keep_ratio.
+  """
+  rewards = [0.0 if a is None else synthesis_reward(a, cfg.reward_lo, cfg.reward_hi,
+                                                    cfg.naive_reward)
+             for a in synthetic_accs]
+  if not _mixed(rewards) or rng.random() >= cfg.type2_keep_ratio:
+    return None
+  return BufferGroup(2, prompt, tuple(syntheses), tuple(rewards), None, source)
+
+
+def rejection_reason(acc: float | None, cfg: SvSConfig) -> str:
+  """Why a synthetic problem earns R_V = 0 (for metrics): unparseable, too_easy, too_hard."""
+  if acc is None:
+    return "unparseable"
+  if synthesis_reward(acc, cfg.reward_lo, cfg.reward_hi, cfg.naive_reward):
+    return "accepted"
+  return "too_hard" if acc < cfg.reward_lo else "too_easy"

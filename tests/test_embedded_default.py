@@ -1,0 +1,39 @@
+"""The README's main command, end to end, on fewer steps (same code path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_embedded_default_runs_end_to_end(tmp_path):
+  workdir = tmp_path / "tiny"
+  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
+         f"--workdir={workdir}", "--config.sft.steps=60", "--config.sft.learner.total_steps=60",
+         "--config.rl.steps=3", "--config.data.arithmetic.n_heldout=64",
+         "--config.checkpoint.every=2"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+  assert out.returncode == 0, out.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["steps"] == 3
+  for phase in ("eval_before_rl", "eval_after_rl"):
+    assert 0.0 <= summary[phase]["heldout"]["pass@1"] <= 1.0
+    assert summary[phase]["heldout"]["pass@1"] <= summary[phase]["heldout"]["pass@4"]
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [0, 1, 2]
+  for name in ("training.png", "eval_before_rl/eval.md", "eval_after_rl/pass_at_k.png",
+               "eval_after_rl/eval.csv", "policy/config.json", "policy/model.safetensors",
+               "sft/model/config.json", "sft/metrics.jsonl"):
+    assert (workdir / name).exists(), name
+  assert any(f.startswith("events") for f in os.listdir(workdir / "tensorboard"))
+  # The exported policy is an HF checkpoint transformers can load.
+  from transformers import AutoModelForCausalLM
+  AutoModelForCausalLM.from_pretrained(workdir / "policy")
