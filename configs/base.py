@@ -45,6 +45,18 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.batch_size = 64
   c.sft.learner = {"learning_rate": 1e-5, "weight_decay": 0.0, "dual_clip": None}
 
+  c.method = "rlvr"                     # "rlvr" (plain GRPO) or "svs" (online synthesis)
+  c.svs = {                             # synthesis.svs.SvSConfig (METHODS.md "SvS")
+      "under_lo": 0.125, "under_hi": 0.5,       # underperforming band (SvS-Asp: 0.375..0.75)
+      "reward_lo": 0.125, "reward_hi": 0.625,   # synthesis reward band
+      "naive_reward": False,                    # ablation: reward any solvable synthesis
+      "syntheses_per_solution": 8,              # G_v
+      "type2_keep_ratio": 1.0,                  # ablation: 0.2
+      "max_problem_chars": 4000,
+      "mode": "svs",                            # "eup": second rollout instead of synthesis
+  }
+  c.svs_template = "default"            # synthesis prompt: "default", "arithmetic" or a file path
+
   c.rl = ml_collections.ConfigDict()
   c.rl.steps = 500
   c.rl.loop = {"prompts_per_step": 256, "group_size": 8, "max_prompt_len": 4096,
@@ -59,6 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
               "timeout_s": 5.0}
 
   c.eval = ml_collections.ConfigDict()
+  c.eval.every = 0                      # also evaluate every N GRPO steps (0 = before/after only)
   c.eval.sampling = {"n": 8, "seeds": (0,), "temperature": 1.0, "top_p": 0.7,
                      "max_tokens": 8192, "batch_prompts": 128}
 

@@ -123,25 +123,29 @@ def gather_groups(sampler: Sampler, draw: Callable[[int], list[int]], prompt_ids
   return kept, sampled, cfg.max_extra_rounds + 1
 
 
-def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int) -> dict[str, np.ndarray]:
+def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int, *, rows: int | None = None,
+                seq_len: int | None = None) -> dict[str, np.ndarray]:
   """Right-padded [rows, seq_len] arrays: prompt, then completion (in the loss), then pad.
 
-  Rows beyond the groups are padding (no loss tokens). Advantages are
-  per group (`grpo.group_advantages`).
+  Rows beyond the groups are padding (no loss tokens). Advantages are computed
+  within each group (`grpo.group_advantages`); groups may differ in size.
+  Defaults: cfg.rows x cfg.seq_len (prompts longer than cfg.max_prompt_len keep
+  their last tokens); pass rows / seq_len for buffers of other shapes.
   """
-  rows, t = cfg.rows, cfg.seq_len
+  rows = cfg.rows if rows is None else rows
+  t = cfg.seq_len if seq_len is None else seq_len
+  max_prompt = cfg.max_prompt_len if seq_len is None else t
   tokens = np.full((rows, t), pad_id, np.int32)
   seg = np.zeros((rows, t), np.int32)
   loss_mask = np.zeros((rows, t), np.float32)
   sampler_logp = np.zeros((rows, t), np.float32)
   truncated = np.zeros((rows,), bool)
   adv = np.zeros((rows,), np.float32)
-  if groups:
-    rewards = np.stack([g.rewards for g in groups])
-    adv_g = np.asarray(grpo.group_advantages(rewards, normalize_std=cfg.normalize_std))
   r = 0
-  for gi, g in enumerate(groups):
-    p = g.prompt_ids[-cfg.max_prompt_len:]
+  for g in groups:
+    adv_g = np.asarray(grpo.group_advantages(np.asarray(g.rewards)[None],
+                                             normalize_std=cfg.normalize_std))[0]
+    p = list(g.prompt_ids)[-max_prompt:]
     for ci, c in enumerate(g.completions):
       ids = list(c.token_ids)[:t - len(p)]
       n = len(p) + len(ids)
@@ -151,7 +155,7 @@ def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int) -> dict[str
       if c.logprobs is not None:
         sampler_logp[r, len(p):n] = c.logprobs[:len(ids)]
       truncated[r] = c.finish_reason == "length"
-      adv[r] = adv_g[gi, ci]
+      adv[r] = adv_g[ci]
       r += 1
   return dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=loss_mask, advantages_b=adv,
               sampler_logp_bt=sampler_logp, truncated_b=truncated)

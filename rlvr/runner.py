@@ -20,10 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr import checkpoint, distributed, evaluation, learner, loop, metrics as metrics_lib
-from rlvr import model as model_lib, sharding
+from rlvr import model as model_lib, sharding, svs_step
 from rlvr.data import DataStream, format_prompt
 from rlvr.rewards import RewardConfig, RewardPool
 from rlvr.sampling import JaxSampler
+from synthesis import svs
 
 PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
              "response_len_mean", "truncated_frac", "clip_frac_high", "grad_norm")
@@ -120,6 +121,16 @@ def run(cfg) -> dict:
   pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
   mesh = sharding.make_mesh(dict(cfg.mesh))
   rl_cfg = _frozen(loop.RLConfig, cfg.rl.loop)
+  if cfg.method not in ("rlvr", "svs"):
+    raise ValueError(f"method: unknown {cfg.method!r}; expected rlvr|svs")
+  svs_cfg = _frozen(svs.SvSConfig, cfg.svs)
+  svs_template = None
+  if cfg.svs_template == "arithmetic":
+    from rlvr.tasks import arithmetic
+    svs_template = arithmetic.INVERSE_TEMPLATE
+  elif cfg.svs_template != "default":
+    with open(cfg.svs_template) as f:
+      svs_template = f.read()
   reward_cfg = _frozen(RewardConfig, cfg.reward)
   eval_cfg = _frozen(evaluation.EvalConfig, cfg.eval.sampling)
   sft_pairs, train, evals = prepare_data(cfg)
@@ -196,11 +207,22 @@ def run(cfg) -> dict:
     bar = tqdm(range(start, cfg.rl.steps), desc="grpo", unit="step", initial=start,
                total=cfg.rl.steps)
     for step in bar:
-      state, m = loop.rl_step(state, update, sampler, stream.next_indices, prompt_ids, answers,
-                              score, rl_cfg, step, to_batch, pad_id)
+      if cfg.method == "svs":
+        state, m = svs_step.svs_step(
+            state, update, sampler, stream.next_indices, prompt_ids, answers, enc,
+            lambda text: format_prompt(tok, text, ""), score, rl_cfg, svs_cfg, step, to_batch,
+            pad_id, template=svs_template)
+      else:
+        state, m = loop.rl_step(state, update, sampler, stream.next_indices, prompt_ids,
+                                answers, score, rl_cfg, step, to_batch, pad_id)
+      if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+        for name in eval_prompts:
+          r = evaluation.evaluate_set(sampler, eval_prompts[name], eval_answers[name],
+                                      eval_score, eval_cfg)
+          m.update({f"{name}_pass@{k}": v[0] for k, v in r["pass@k"].items()})
       writer.write(step, m)
-      bar.set_postfix(acc=f"{m['accuracy']:.2f}", ent=f"{m['entropy']:.2f}",
-                      kept=m["groups_kept"])
+      bar.set_postfix(acc=f"{m['accuracy']:.2f}", ent=f"{m.get('entropy', 0):.2f}",
+                      kept=m["groups_kept"], syn=m.get("type3_groups", 0))
       if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.rl.steps:
         checkpoint.save(mngr, state, {"data": stream.state(), "step": step + 1})
     writer.close()
