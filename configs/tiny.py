@@ -33,7 +33,7 @@ def get_config():
   c.sft.learner = {"learning_rate": 3e-3, "weight_decay": 0.0, "grad_clip": 1.0,
                    "dual_clip": None, "lr_schedule": "cosine", "warmup_steps": 20,
                    "total_steps": 400, "min_lr_ratio": 0.1}
-  c.rl.steps = 60
+  c.rl.steps = 100
   c.rl.loop = {"prompts_per_step": 16, "group_size": 8, "max_prompt_len": 24,
                "max_response_len": 40, "temperature": 1.0, "dynamic_sampling": True,
                "max_extra_rounds": 2, "oversample": 2.0}
