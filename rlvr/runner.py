@@ -27,7 +27,10 @@ from rlvr.sampling import JaxSampler
 from synthesis import svs
 
 PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
-             "response_len_mean", "truncated_frac", "clip_frac_high", "grad_norm")
+             "response_len_mean", "truncated_frac", "clip_frac_high", "grad_norm",
+             "heldout_pass@1", "heldout_pass@8")
+SVS_PLOT_KEYS = ("type1_groups", "type2_groups", "type3_groups", "svs_accepted",
+                 "svs_too_easy", "svs_too_hard", "svs_unparseable", "synthetic_accuracy")
 
 
 def _frozen(cls, d) -> Any:
@@ -221,8 +224,11 @@ def run(cfg) -> dict:
                                       eval_score, eval_cfg)
           m.update({f"{name}_pass@{k}": v[0] for k, v in r["pass@k"].items()})
       writer.write(step, m)
-      bar.set_postfix(acc=f"{m['accuracy']:.2f}", ent=f"{m.get('entropy', 0):.2f}",
-                      kept=m["groups_kept"], syn=m.get("type3_groups", 0))
+      post = {"acc": f"{m['accuracy']:.2f}", "ent": f"{m.get('entropy', 0):.2f}",
+              "kept": m["groups_kept"]}
+      if cfg.method == "svs":
+        post["syn"] = m.get("svs_accepted", 0)
+      bar.set_postfix(post)
       if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.rl.steps:
         checkpoint.save(mngr, state, {"data": stream.state(), "step": step + 1})
     writer.close()
@@ -239,13 +245,22 @@ def run(cfg) -> dict:
   if rows:
     metrics_lib.plot_metrics(rows, PLOT_KEYS, os.path.join(workdir, "training.png"),
                              title=os.path.basename(workdir))
+    if cfg.method == "svs":
+      metrics_lib.plot_metrics(rows, SVS_PLOT_KEYS, os.path.join(workdir, "svs.png"),
+                               title=f"{os.path.basename(workdir)}: SvS buffer")
   summary = {
       "steps": cfg.rl.steps,
       "eval_before_rl": progress["eval_before"],
       "eval_after_rl": progress["eval_after"],
       "time_s_this_invocation": round(time.time() - t_start, 1),
+      "method": cfg.method,
       "model_dir": model_dir,
       "workdir": workdir,
   }
+  if cfg.method == "svs" and rows:
+    summary["synthetic_accepted_per_step"] = [r.get("svs_accepted", 0) for r in rows]
+    summary["buffer_types_per_step"] = [
+        [r.get("type1_groups", 0), r.get("type2_groups", 0), r.get("type3_groups", 0)]
+        for r in rows]
   _json(os.path.join(workdir, "summary.json"), summary)
   return summary

