@@ -77,3 +77,26 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = {"every": 20, "keep": 3}
   return c
+
+
+def paper(name: str, *, steps: int, method: str = "rlvr", train_path: str = "",
+          integer_answers: bool = False, fsdp: int = 4) -> ml_collections.ConfigDict:
+  """A paper-scale run: SvS public GRPO settings, vLLM sampling, MATH/AIME evaluation.
+
+  Model and (unless given) data paths are left for flags; nothing is downloaded.
+  """
+  c = get_config()
+  c.workdir = f"runs/{name}"
+  c.method = method
+  c.model.path = ""                     # required: HF dir of the base model
+  c.data.kind = "files"
+  c.data.train_path = train_path        # required if "": verl parquet / jsonl / json
+  c.data.eval_paths = ["../shared/data/math_aime_eval.jsonl"]
+  c.sampler.kind = "vllm"               # servers: launch/serve_vllm.py --device=gpu
+  c.mesh = {"data": 1, "fsdp": fsdp, "tensor": -1}
+  c.rl.steps = steps                    # MATH-12k runs: 300 steps; 32B on DAPO-17k: 600
+  c.reward = {"extraction": "boxed", "integer_answers": integer_answers, "format_bonus": 0.0,
+              "timeout_s": 5.0}
+  c.eval.sampling = {"n": 32, "seeds": (0,), "temperature": 1.0, "top_p": 0.7,
+                     "max_tokens": 8192, "batch_prompts": 256}
+  return c
