@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rlvr import checkpoint, distributed, evaluation, learner, loop, metrics as metrics_lib
 from rlvr import model as model_lib, sharding, svs_step

@@ -37,7 +37,6 @@ def svs_step(state, update_fn, sampler: Sampler, draw: Callable[[int], list[int]
   encode_task: synthesis prompt text -> prompt ids (chat template, no instruction)."""
   t0 = time.perf_counter()
   rng = random.Random(loop.step_seed(cfg.seed, step, 99))
-  g = cfg.group_size
   seed = lambda r: loop.step_seed(cfg.seed, step, r)
   examples = draw(cfg.prompts_per_step)
   originals = loop.rollout(sampler, examples, prompt_ids, answers, score_fn,

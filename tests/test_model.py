@@ -127,7 +127,6 @@ def test_sharded_save_and_bf16(tiny_dirs, tmp_path):
 
 
 def test_load_onto_mesh_places_each_param(tiny_dirs):
-  from rlvr import sharding
   from jax.sharding import PartitionSpec as P
   mesh = jax.make_mesh((2, 4), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   cfg, params = model.load_hf(tiny_dirs["qwen2"], mesh=mesh)

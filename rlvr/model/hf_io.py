@@ -11,14 +11,14 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rlvr.model import decoder
-from rlvr.model.config import ConfigError, ModelConfig
+from rlvr.model.config import ModelConfig
 from rlvr.model.safetensors_io import SafetensorsFile, save_file
 
 
