@@ -29,7 +29,8 @@ PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
              "response_len_mean", "truncated_frac", "clip_frac_high", "grad_norm",
              "heldout_pass@1", "heldout_pass@8")
 SVS_PLOT_KEYS = ("type1_groups", "type2_groups", "type3_groups", "svs_accepted",
-                 "svs_too_easy", "svs_too_hard", "svs_unparseable", "synthetic_accuracy")
+                 "svs_too_easy", "svs_too_hard", "svs_unparseable", "synthetic_accuracy",
+                 "svs_accepted_consistent")
 
 
 def _frozen(cls, d) -> Any:
@@ -126,7 +127,10 @@ def run(cfg) -> dict:
   if cfg.method not in ("rlvr", "svs"):
     raise ValueError(f"method: unknown {cfg.method!r}; expected rlvr|svs")
   svs_cfg = _frozen(svs.SvSConfig, cfg.svs)
-  svs_template = None
+  svs_template = true_answer = None
+  if cfg.data.kind == "arithmetic":
+    from rlvr.tasks import arithmetic
+    true_answer = arithmetic.answer_of   # diagnostic metrics only
   if cfg.svs_template == "arithmetic":
     from rlvr.tasks import arithmetic
     svs_template = arithmetic.INVERSE_TEMPLATE
@@ -213,7 +217,7 @@ def run(cfg) -> dict:
         state, m = svs_step.svs_step(
             state, update, sampler, stream.next_indices, prompt_ids, answers, enc,
             lambda text: format_prompt(tok, text, ""), score, rl_cfg, svs_cfg, step, to_batch,
-            pad_id, template=svs_template)
+            pad_id, template=svs_template, true_answer=true_answer)
       else:
         state, m = loop.rl_step(state, update, sampler, stream.next_indices, prompt_ids,
                                 answers, score, rl_cfg, step, to_batch, pad_id)

@@ -32,9 +32,13 @@ def svs_step(state, update_fn, sampler: Sampler, draw: Callable[[int], list[int]
              prompt_ids: Sequence[Sequence[int]], answers: Sequence[str],
              encode_problem: Callable[[str], list[int]], encode_task: Callable[[str], list[int]],
              score_fn: loop.ScoreFn, cfg: loop.RLConfig, svs_cfg: svs.SvSConfig, step: int,
-             to_batch: Callable, pad_id: int = 0, template: str | None = None):
+             to_batch: Callable, pad_id: int = 0, template: str | None = None,
+             true_answer: Callable[[str], str | None] | None = None):
   """Returns (new state, metrics). encode_problem: problem text -> solving prompt ids;
-  encode_task: synthesis prompt text -> prompt ids (chat template, no instruction)."""
+  encode_task: synthesis prompt text -> prompt ids (chat template, no instruction).
+  true_answer (diagnostic only, for tasks that can compute it, e.g. arithmetic):
+  problem text -> its exact answer; adds how many synthetic problems, and how
+  many accepted ones, really have the original's answer. Training never uses it."""
   t0 = time.perf_counter()
   rng = random.Random(loop.step_seed(cfg.seed, step, 99))
   seed = lambda r: loop.step_seed(cfg.seed, step, r)
@@ -90,6 +94,11 @@ def svs_step(state, update_fn, sampler: Sampler, draw: Callable[[int], list[int]
     buffer += type2 + type3
     kinds += [2] * len(type2) + [3] * len(type3)
     reasons = [svs.rejection_reason(a, svs_cfg) for row in accs for a in row]
+    if true_answer is not None:
+      consistent = [true_answer(p) == syn_answers[j] for j, (_, _, p) in enumerate(flat)]
+      accepted = [c for c, (i, k, _) in zip(consistent, flat)
+                  if svs.rejection_reason(accs[i][k], svs_cfg) == "accepted"]
+      m.update({"svs_consistent": sum(consistent), "svs_accepted_consistent": sum(accepted)})
     m.update({
         "svs_correct_solutions": len(sources),
         "svs_syntheses": sum(len(ps) for ps in problems),

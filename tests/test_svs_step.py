@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 from transformers import AutoTokenizer
 
 from rlvr import learner, loop, model, sharding, svs_step
 from rlvr.data import format_prompt
+from rlvr.rewards import RewardConfig, RewardPool
 from rlvr.sampling import JaxSampler
+from rlvr.tasks import arithmetic
 from synthesis import svs
 
 
@@ -44,9 +47,9 @@ def _run(sampler, cfg, params, tok):
   return state, m
 
 
-def _check(state, m):
+def _check(state, m, svs_cfg=SVS):
   assert int(state.step) == 1 or m["skipped_update"] == 1
-  assert m["svs_syntheses"] == m["svs_correct_solutions"] * SVS.syntheses_per_solution
+  assert m["svs_syntheses"] == m["svs_correct_solutions"] * svs_cfg.syntheses_per_solution
   assert (m["svs_accepted"] + m["svs_too_easy"] + m["svs_too_hard"] + m["svs_unparseable"]
           == m["svs_syntheses"])
   assert m["svs_unparseable"] == m["svs_extraction_failures"]
@@ -73,4 +76,90 @@ def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path):
     assert sampler.version == 1
   finally:
     sampler.update_weights(params, version=2)
+    sampler.close()
+
+
+# ------------------------------------------------ a policy that can do all three tasks
+@pytest.fixture(scope="module")
+def arithmetic_policy(tiny_dirs, tmp_path_factory):
+  """The test qwen2 model after 300 SFT steps on 300 worked solutions plus their
+  inverse pairs (as the embedded default's warm start): it solves some problems,
+  so some are underperforming, and turns solutions back into problems, so the
+  step sees synthesis and synthetic-solving groups. Same architecture and
+  tokenizer as the served model: the vLLM test pushes these weights."""
+  from rlvr.sft import train_sft
+  train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
+  pairs = [(p.problem, p.solution) for p in train[:300]]
+  pairs += [arithmetic.inverse_pair(p) for p in train[:300]]
+  lc = learner.LearnerConfig(learning_rate=3e-3, weight_decay=0.0, lr_schedule="cosine",
+                             warmup_steps=20, total_steps=300, min_lr_ratio=0.1, dual_clip=None)
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  out = train_sft(tiny_dirs["qwen2"], pairs, str(tmp_path_factory.mktemp("svs_sft")),
+                  learner_cfg=lc, mesh=mesh, steps=300, batch_size=32, progress=False)
+  return out, train[300:]
+
+
+@pytest.fixture(scope="module")
+def score():
+  with RewardPool(workers=1) as pool:
+    rc = RewardConfig(integer_answers=True)
+
+    def fn(texts, golds):
+      res = pool.score(texts, golds, rc)
+      return res.rewards, res.correct
+    yield fn
+
+
+ARITH_RL = loop.RLConfig(prompts_per_step=32, group_size=8, max_prompt_len=48,
+                         max_response_len=40, seed=3)
+ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)   # the paper's G_v
+
+
+def _arithmetic_step(sampler, cfg, params, tok, problems, score_fn):
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  lc = learner.LearnerConfig(learning_rate=1e-4)
+  state = learner.init_state(cfg, lc, params, mesh)
+  update = learner.make_update_fn(cfg, lc, mesh)
+  enc = lambda text: format_prompt(tok, text, "")
+  to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
+  draw = lambda k: list(range(k))
+  return svs_step.svs_step(
+      state, update, sampler, draw, [enc(p.problem) for p in problems],
+      [p.answer for p in problems], enc, enc, score_fn, ARITH_RL, ARITH_SVS, 0, to_batch,
+      tok.pad_token_id, template=arithmetic.INVERSE_TEMPLATE, true_answer=arithmetic.answer_of)
+
+
+def _check_all_types(state, m):
+  _check(state, m, ARITH_SVS)
+  assert m["skipped_update"] == 0 and int(state.step) == 1
+  assert m["type1_groups"] >= 1 and m["type2_groups"] >= 1 and m["type3_groups"] >= 1, m
+  # Type 3 groups are exactly the mixed synthetic-solving groups, so each one is a
+  # synthetic problem some but not all responses solved.
+  assert m["svs_syntheses"] - m["svs_unparseable"] >= m["type3_groups"]
+  assert 0 <= m["svs_accepted_consistent"] <= min(m["svs_accepted"], m["svs_consistent"])
+
+
+def test_svs_step_with_jax_sampler_builds_all_three_types(arithmetic_policy, score):
+  policy_dir, problems = arithmetic_policy
+  cfg, params = model.load_hf(policy_dir)
+  tok = AutoTokenizer.from_pretrained(policy_dir)
+  state, m = _arithmetic_step(JaxSampler(cfg, params, tok), cfg, params, tok, problems, score)
+  _check_all_types(state, m)
+
+
+def test_svs_step_with_vllm_sampler_builds_all_three_types(arithmetic_policy, score, vllm_server,
+                                                           served_model_dir, tmp_path):
+  from rlvr.sampling.vllm_sampler import VLLMSampler
+  policy_dir, problems = arithmetic_policy
+  cfg, params = model.load_hf(policy_dir)
+  tok = AutoTokenizer.from_pretrained(policy_dir)
+  sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=tok.eos_token_id,
+                        sync_dir=str(tmp_path / "sync"))
+  try:
+    sampler.update_weights(params, version=0)   # the server now serves the SFT policy
+    state, m = _arithmetic_step(sampler, cfg, params, tok, problems, score)
+    _check_all_types(state, m)
+  finally:
+    _, served = model.load_hf(served_model_dir)
+    sampler.update_weights(served, version=3)
     sampler.close()

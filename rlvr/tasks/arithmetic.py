@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import itertools
 import random
+import re
 from collections.abc import Iterable, Iterator
 
 from rlvr.data import Example
@@ -134,6 +135,27 @@ def make_splits(n_train: int, n_heldout: int, difficulty: int = 1, seed: int = 0
     raise ValueError(f"make_splits: only found distinct problems for {', '.join(short)} after "
                      f"{max_draws} draws (difficulty {difficulty}, max_operand {max_operand})")
   return out["train"], out["heldout"]
+
+
+_PROBLEM = re.compile(r"\s*Compute\s+(\d+(?:\s*[-+*]\s*\d+)*)\s*\.?\s*")
+
+
+def answer_of(problem_text: str) -> str | None:
+  """The exact answer of a problem written as "Compute <expression>." (our own
+  format), or None for any other text, e.g. a synthesized problem that drifted.
+
+  SvS never sees this (its synthetic problems are scored against the original
+  answer only); it is a diagnostic of how often an accepted synthesis is
+  actually consistent with that answer.
+  """
+  m = _PROBLEM.fullmatch(problem_text)
+  if m is None:
+    return None
+  tokens = re.findall(r"\d+|[-+*]", m.group(1))
+  operands, ops = [int(t) for t in tokens[::2]], tokens[1::2]
+  if not ops:
+    return str(operands[0])
+  return str(solve(operands, ops)[-1][3])
 
 
 def inverse_pair(problem: Problem) -> tuple[str, str]:
