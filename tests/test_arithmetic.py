@@ -117,3 +117,15 @@ def test_token_lengths_fit_the_tiny_budget(tokenizer):
     if d == 1:
       assert max(sol) <= 48 and max(inv_t) <= 48
   print("\n" + "\n".join(rows))
+
+
+def test_answer_of_recomputes_our_problems_and_rejects_drifted_text():
+  problems = arithmetic.generate(200, difficulty=2, seed=5)
+  assert all(arithmetic.answer_of(p.problem) == p.answer for p in problems)
+  assert arithmetic.answer_of("Compute 12+7*3.") == "33"
+  assert arithmetic.answer_of("Compute 2*3*4+1") == "25"        # period optional
+  assert arithmetic.answer_of("Compute 3-4*2.") == "-5"          # negatives are fine here
+  assert arithmetic.answer_of("Compute 7.") == "7"
+  for drifted in ("Compute x+1.", "Compute 1+2. Then 3.", "compute 1+2.", "1+2", "Compute 1++2.",
+                  ""):
+    assert arithmetic.answer_of(drifted) is None, drifted
