@@ -6,7 +6,7 @@
          keep02 (keep 20% of type-2 groups), tiny_naive / tiny_eup (embedded scale).
 """
 
-from configs import svs_math12k_qwen25_3b, tiny_svs
+from configs import svs_math12k_qwen25_3b, tiny
 
 ABLATIONS = {
     "naive": {"naive_reward": True},
@@ -17,12 +17,12 @@ ABLATIONS = {
 
 
 def get_config(name: str = "asp"):
-  tiny = name.startswith("tiny_")
-  key = name[5:] if tiny else name
+  embedded = name.startswith("tiny_")
+  key = name[5:] if embedded else name
   if key not in ABLATIONS:
     raise ValueError(f"ablation: unknown {name!r}; expected one of {sorted(ABLATIONS)} "
                      "(optionally prefixed tiny_)")
-  c = tiny_svs.get_config() if tiny else svs_math12k_qwen25_3b.get_config()
+  c = tiny.get_config() if embedded else svs_math12k_qwen25_3b.get_config()
   c.svs.update(ABLATIONS[key])
   c.workdir = c.workdir + f"_{name}"
   return c

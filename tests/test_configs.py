@@ -10,7 +10,7 @@ from rlvr import evaluation, learner, loop, runner
 from rlvr.rewards import RewardConfig
 from synthesis import svs
 
-CONFIGS = ["tiny", "tiny_svs", "rlvr_dapo17k_qwen25_32b", "rlvr_math12k_qwen25_3b",
+CONFIGS = ["tiny", "tiny_rlvr", "rlvr_dapo17k_qwen25_32b", "rlvr_math12k_qwen25_3b",
            "rlvr_math12k_qwen3_4b", "svs_dapo17k_qwen25_32b", "svs_math12k_qwen25_3b",
            "svs_math12k_llama31_8b"]
 

@@ -1,4 +1,4 @@
-"""The README's main command, end to end, on fewer steps (same code path)."""
+"""The README's main command (SvS at embedded scale), end to end, on fewer steps."""
 
 from __future__ import annotations
 
@@ -23,13 +23,20 @@ def test_embedded_default_runs_end_to_end(tmp_path):
   out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
   assert out.returncode == 0, out.stderr[-3000:]
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["steps"] == 3
+  assert summary["steps"] == 3 and summary["method"] == "svs"
+  assert len(summary["synthetic_accepted_per_step"]) == 3
+  assert all(len(types) == 3 for types in summary["buffer_types_per_step"])
   for phase in ("eval_before_rl", "eval_after_rl"):
     assert 0.0 <= summary[phase]["heldout"]["pass@1"] <= 1.0
     assert summary[phase]["heldout"]["pass@1"] <= summary[phase]["heldout"]["pass@4"]
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [0, 1, 2]
-  for name in ("training.png", "eval_before_rl/eval.md", "eval_after_rl/pass_at_k.png",
+  for r in rows:   # every synthesis is accepted or rejected for exactly one reason
+    assert r["svs_syntheses"] == (r["svs_accepted"] + r["svs_too_easy"] + r["svs_too_hard"]
+                                  + r["svs_unparseable"])
+    assert [r["type1_groups"], r["type2_groups"], r["type3_groups"]] in summary[
+        "buffer_types_per_step"]
+  for name in ("training.png", "svs.png", "eval_before_rl/eval.md", "eval_after_rl/pass_at_k.png",
                "eval_after_rl/eval.csv", "policy/config.json", "policy/model.safetensors",
                "sft/model/config.json", "sft/metrics.jsonl"):
     assert (workdir / name).exists(), name

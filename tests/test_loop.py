@@ -141,7 +141,7 @@ def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir,
 
 
 def _train(workdir, *flags):
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
+  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
          f"--workdir={workdir}", "--config.sft.steps=30", "--config.sft.learner.total_steps=30",
          "--config.data.arithmetic.n_heldout=32", "--config.eval.sampling.n=2",
          "--config.rl.loop.dynamic_sampling=False", "--config.rl.loop.prompts_per_step=4",
