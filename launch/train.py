@@ -26,7 +26,11 @@ def main(argv):
     with cfg.unlocked():
       cfg.workdir = FLAGS.workdir
   summary = runner.run(cfg)
-  print(json.dumps(summary, indent=2))
+  print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=2))
+  for k, v in summary.items():   # per-step lists on one line each
+    if isinstance(v, list):
+      print(f"{k}: {json.dumps(v)}")
+  print(f"summary: {cfg.workdir}/summary.json")
 
 
 if __name__ == "__main__":

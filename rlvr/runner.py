@@ -28,7 +28,7 @@ from synthesis import svs
 PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
              "response_len_mean", "truncated_frac", "clip_frac_high", "grad_norm",
              "heldout_pass@1", "heldout_pass@8")
-SVS_PLOT_KEYS = ("type1_groups", "type2_groups", "type3_groups", "svs_accepted",
+SVS_PLOT_KEYS = ("accuracy", "type1_groups", "type2_groups", "type3_groups", "svs_accepted",
                  "svs_too_easy", "svs_too_hard", "svs_unparseable", "synthetic_accuracy",
                  "svs_accepted_consistent")
 
@@ -262,6 +262,11 @@ def run(cfg) -> dict:
   }
   if cfg.method == "svs" and rows:
     summary["synthetic_accepted_per_step"] = [r.get("svs_accepted", 0) for r in rows]
+    summary["synthetic_accepted_mean"] = round(
+        sum(summary["synthetic_accepted_per_step"]) / len(rows), 2)
+    if "svs_accepted_consistent" in rows[-1]:
+      summary["accepted_consistent_per_step"] = [r.get("svs_accepted_consistent", 0)
+                                                 for r in rows]
     summary["buffer_types_per_step"] = [
         [r.get("type1_groups", 0), r.get("type2_groups", 0), r.get("type3_groups", 0)]
         for r in rows]

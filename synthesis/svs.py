@@ -102,14 +102,6 @@ def _mixed(rewards: Sequence[float]) -> bool:
   return len(set(rewards)) > 1
 
 
-def solving_group(kind: int, prompt: str, responses, rewards, answer, source) -> BufferGroup | None:
-  """Types 1 and 3: kept only when 0 < acc < 1 (mixed rewards)."""
-  if not _mixed(rewards):
-    return None
-  return BufferGroup(kind, prompt, tuple(responses), tuple(float(r) for r in rewards),
-                     answer, source)
-
-
 def synthesis_group(prompt: str, syntheses: Sequence[str], synthetic_accs: Sequence[float | None],
                     cfg: SvSConfig, source: int, rng: random.Random) -> BufferGroup | None:
   """Type 2: the G_v syntheses of one correct response with their R_V rewards.

@@ -56,13 +56,6 @@ def test_extract_problem(text, expected):
   assert svs.extract_problem(text) == expected
 
 
-def test_solving_groups_keep_only_mixed_and_type3_scores_against_original_answer():
-  assert svs.solving_group(1, "p", ["a"] * 8, [1.0] * 8, "5", 0) is None
-  assert svs.solving_group(1, "p", ["a"] * 8, [0.0] * 8, "5", 0) is None
-  g = svs.solving_group(3, "synthetic p", ["a"] * 8, [1, 0, 0, 0, 0, 0, 0, 0], "5", 7)
-  assert g.kind == 3 and g.answer == "5" and g.source == 7
-
-
 def test_synthesis_groups_need_mixed_rewards():
   cfg = svs.SvSConfig()
   rng = random.Random(0)

@@ -143,8 +143,26 @@ def test_svs_step_with_jax_sampler_builds_all_three_types(arithmetic_policy, sco
   policy_dir, problems = arithmetic_policy
   cfg, params = model.load_hf(policy_dir)
   tok = AutoTokenizer.from_pretrained(policy_dir)
-  state, m = _arithmetic_step(JaxSampler(cfg, params, tok), cfg, params, tok, problems, score)
+  calls = []
+
+  def recording_score(texts, golds):   # the real scorer; records what it was asked
+    rewards, correct = score(texts, golds)
+    calls.append((list(golds), np.asarray(correct)))
+    return rewards, correct
+
+  state, m = _arithmetic_step(JaxSampler(cfg, params, tok), cfg, params, tok, problems,
+                              recording_score)
   _check_all_types(state, m)
+  # Two scoring calls: the originals, then the synthetic problems, whose responses are
+  # scored against the answer of the ORIGINAL problem each synthesis came from, i.e. of
+  # an underperforming one (1..4 of 8 correct).
+  assert len(calls) == 2
+  (orig_golds, orig_correct), (syn_golds, _) = calls
+  g = ARITH_RL.group_size
+  per_problem = orig_correct.reshape(-1, g).sum(axis=1)
+  under_answers = {orig_golds[i * g] for i, k in enumerate(per_problem) if 1 <= k <= 4}
+  assert len(syn_golds) == (m["svs_syntheses"] - m["svs_unparseable"]) * g
+  assert set(syn_golds) <= under_answers
 
 
 def test_svs_step_with_vllm_sampler_builds_all_three_types(arithmetic_policy, score, vllm_server,
