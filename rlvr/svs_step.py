@@ -1,10 +1,11 @@
 """One SvS step (METHODS.md "SvS"), inside the RL loop.
 
-solve originals -> pick underperforming problems -> synthesize G_v problems per
-correct response -> solve each synthetic problem G times (scored against the
-ORIGINAL answer) -> shape synthesis rewards -> one GRPO update on the mixed
-buffer of types 1 + 2 + 3 (advantages per group, each type with its own
-prompt) -> discard. Every generation is one batched Sampler call.
+solve originals (dynamic sampling, as in plain RLVR) -> pick underperforming
+problems -> synthesize G_v problems per correct response -> solve each
+synthetic problem G times (scored against the ORIGINAL answer) -> shape
+synthesis rewards -> one GRPO update on the mixed buffer of types 1 + 2 + 3
+(advantages per group, each type with its own prompt) -> discard. Each phase
+is one batched Sampler call (the originals: one per dynamic-sampling round).
 The rules themselves live in `synthesis.svs` (pure).
 """
 
@@ -41,15 +42,16 @@ def svs_step(state, update_fn, sampler: Sampler, draw: Callable[[int], list[int]
   many accepted ones, really have the original's answer. Training never uses it."""
   t0 = time.perf_counter()
   rng = random.Random(loop.step_seed(cfg.seed, step, 99))
-  seed = lambda r: loop.step_seed(cfg.seed, step, r)
-  examples = draw(cfg.prompts_per_step)
-  originals = loop.rollout(sampler, examples, prompt_ids, answers, score_fn,
-                           cfg.sampling_params(seed(0)))
+  seed = lambda phase: loop.step_seed(cfg.seed, step, 100 + phase)  # apart from DS rounds
+  # -- solve originals, with dynamic sampling as in RLVR (SvS trains on GRPO + DAPO's
+  # clip-higher, token-level loss and dynamic sampling): up to prompts_per_step mixed groups
+  kept, originals, rounds = loop.gather_groups(sampler, draw, prompt_ids, answers, score_fn,
+                                               cfg, step)
   t_orig = time.perf_counter()
-  buffer: list[loop.Group] = [o for o in originals if o.mixed]
+  buffer: list[loop.Group] = [o for o in kept if o.mixed]
   kinds = [1] * len(buffer)
-  under = [o for o in originals if svs.underperforming(float(o.correct.mean()),
-                                                         svs_cfg.under_lo, svs_cfg.under_hi)]
+  under = [o for o in buffer if svs.underperforming(float(o.correct.mean()),
+                                                      svs_cfg.under_lo, svs_cfg.under_hi)]
   m = {"svs_underperforming": len(under)}
 
   if svs_cfg.mode == "eup":  # ablation: a second rollout on underperforming problems
@@ -114,7 +116,8 @@ def svs_step(state, update_fn, sampler: Sampler, draw: Callable[[int], list[int]
 
   m.update({"type1_groups": kinds.count(1), "type2_groups": kinds.count(2),
             "type3_groups": kinds.count(3)})
-  m.update(loop.rollout_metrics(originals, [b for b, k in zip(buffer, kinds) if k == 1], 1, cfg))
+  m.update(loop.rollout_metrics(originals, [b for b, k in zip(buffer, kinds) if k == 1], rounds,
+                                cfg))
   if not buffer:
     m.update({"skipped_update": 1, "time_step": time.perf_counter() - t0})
     sampler.update_weights(state.params, version=step + 1)

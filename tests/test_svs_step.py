@@ -153,14 +153,16 @@ def test_svs_step_with_jax_sampler_builds_all_three_types(arithmetic_policy, sco
   state, m = _arithmetic_step(JaxSampler(cfg, params, tok), cfg, params, tok, problems,
                               recording_score)
   _check_all_types(state, m)
-  # Two scoring calls: the originals, then the synthetic problems, whose responses are
-  # scored against the answer of the ORIGINAL problem each synthesis came from, i.e. of
-  # an underperforming one (1..4 of 8 correct).
-  assert len(calls) == 2
-  (orig_golds, orig_correct), (syn_golds, _) = calls
+  # Scoring calls: the originals (one per dynamic-sampling round), then the synthetic
+  # problems, whose responses are scored against the answer of the ORIGINAL problem each
+  # synthesis came from, i.e. of an underperforming one (1..4 of 8 correct).
+  assert len(calls) == m["sample_rounds"] + 1
+  *originals, (syn_golds, _) = calls
   g = ARITH_RL.group_size
-  per_problem = orig_correct.reshape(-1, g).sum(axis=1)
-  under_answers = {orig_golds[i * g] for i, k in enumerate(per_problem) if 1 <= k <= 4}
+  under_answers = set()
+  for golds, correct in originals:
+    per_problem = correct.reshape(-1, g).sum(axis=1)
+    under_answers |= {golds[i * g] for i, k in enumerate(per_problem) if 1 <= k <= 4}
   assert len(syn_golds) == (m["svs_syntheses"] - m["svs_unparseable"]) * g
   assert set(syn_golds) <= under_answers
 
@@ -177,7 +179,10 @@ def test_svs_step_with_vllm_sampler_builds_all_three_types(arithmetic_policy, sc
     sampler.update_weights(params, version=0)   # the server now serves the SFT policy
     state, m = _arithmetic_step(sampler, cfg, params, tok, problems, score)
     _check_all_types(state, m)
-  finally:
-    _, served = model.load_hf(served_model_dir)
-    sampler.update_weights(served, version=3)
+  finally:   # leave the shared server serving its own (untied) model again
     sampler.close()
+    served_cfg, served = model.load_hf(served_model_dir)
+    restore = VLLMSampler(vllm_server.url, model_config=served_cfg,
+                          eos_token_id=tok.eos_token_id, sync_dir=str(tmp_path / "sync"))
+    restore.update_weights(served, version=3)
+    restore.close()
