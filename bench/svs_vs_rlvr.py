@@ -75,9 +75,17 @@ def main(argv):
   for ax, key in zip(axes, keys):
     for name, rs in rows.items():
       pts = [(r["step"], r[key]) for r in rs if key in r]
-      if pts:
-        ax.plot(*zip(*pts), marker=".", label=name)
-    ax.set_title(key)
+      if not pts:
+        continue
+      steps, values = zip(*pts)
+      if key.startswith("heldout"):
+        ax.plot(steps, values, marker=".", label=name)
+      else:   # per-step and noisy: faint raw values, a 10-step running mean on top
+        line, = ax.plot(steps, values, alpha=0.25)
+        window = [sum(values[max(0, i - 9):i + 1]) / len(values[max(0, i - 9):i + 1])
+                  for i in range(len(values))]
+        ax.plot(steps, window, color=line.get_color(), label=name)
+    ax.set_title(key if key.startswith("heldout") else f"{key} (10-step mean)")
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
