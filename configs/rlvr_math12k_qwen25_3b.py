@@ -1,9 +1,6 @@
 """Qwen2.5-3B on MATH-12k, plain GRPO (the SvS paper's RLVR baseline).
 
-GRPO: lr 1e-6 constant, weight decay 0.01, 256 prompts x 8 responses per step
-(one optimizer step per rollout batch), clip 0.2 / 0.28, dual-clip 3,
-token-mean loss, no KL, grad clip 1.0, temperature 1.0, prompt 4096 /
-response 8192 tokens (METHODS.md).
+Settings: `configs.base.paper` (the SvS paper's public GRPO settings).
 
   python -m launch.train --config=configs/rlvr_math12k_qwen25_3b.py \\
       --config.model.path=/path/to/hf_model --config.data.train_path=/path/to/train.parquet \\

@@ -23,6 +23,7 @@ from rlvr import model as model_lib, sharding, svs_step
 from rlvr.data import DataStream, format_prompt
 from rlvr.rewards import RewardConfig, RewardPool
 from rlvr.sampling import JaxSampler
+from rlvr.tasks import arithmetic
 from synthesis import svs
 
 PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
@@ -77,7 +78,6 @@ def prepare_data(cfg):
   """(sft_pairs_text, train examples, {eval name: examples})."""
   from rlvr import data as data_lib
   if cfg.data.kind == "arithmetic":
-    from rlvr.tasks import arithmetic
     t = cfg.data.arithmetic
     train, heldout = arithmetic.make_splits(t.n_sft + t.n_train, t.n_heldout, t.difficulty,
                                             cfg.seed, max_operand=t.max_operand)
@@ -127,12 +127,10 @@ def run(cfg) -> dict:
   if cfg.method not in ("rlvr", "svs"):
     raise ValueError(f"method: unknown {cfg.method!r}; expected rlvr|svs")
   svs_cfg = _frozen(svs.SvSConfig, cfg.svs)
-  svs_template = true_answer = None
-  if cfg.data.kind == "arithmetic":
-    from rlvr.tasks import arithmetic
-    true_answer = arithmetic.answer_of   # diagnostic metrics only
+  # The arithmetic task can recompute a synthetic problem's answer: diagnostic metrics only.
+  true_answer = arithmetic.answer_of if cfg.data.kind == "arithmetic" else None
+  svs_template = None
   if cfg.svs_template == "arithmetic":
-    from rlvr.tasks import arithmetic
     svs_template = arithmetic.INVERSE_TEMPLATE
   elif cfg.svs_template != "default":
     with open(cfg.svs_template) as f:

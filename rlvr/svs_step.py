@@ -95,11 +95,11 @@ def svs_step(state, update_fn, sampler: Sampler, draw: Callable[[int], list[int]
                                 np.asarray(bg.rewards, np.float32) > 0))
     buffer += type2 + type3
     kinds += [2] * len(type2) + [3] * len(type3)
-    reasons = [svs.rejection_reason(a, svs_cfg) for row in accs for a in row]
+    reason = [[svs.rejection_reason(a, svs_cfg) for a in row] for row in accs]
+    reasons = [r for row in reason for r in row]
     if true_answer is not None:
       consistent = [true_answer(p) == syn_answers[j] for j, (_, _, p) in enumerate(flat)]
-      accepted = [c for c, (i, k, _) in zip(consistent, flat)
-                  if svs.rejection_reason(accs[i][k], svs_cfg) == "accepted"]
+      accepted = [c for c, (i, k, _) in zip(consistent, flat) if reason[i][k] == "accepted"]
       m.update({"svs_consistent": sum(consistent), "svs_accepted_consistent": sum(accepted)})
     m.update({
         "svs_correct_solutions": len(sources),
