@@ -1,10 +1,24 @@
-"""Every field of an rlvr experiment, with the GRPO defaults shared by the papers.
+"""Every field of an rlvr experiment, each default in one place.
 
-Experiment configs start from `get_config()` here and override what differs.
-Numbers: METHODS.md "GRPO as used by all three" (SvS public settings).
+Sections that configure a library dataclass are built from it
+(`rlvr.settings.section`), so the dataclass holds the default and every field
+can be overridden from the command line on every config
+(`--config.rl.learner.micro_batches=4`); a mistyped key is an error naming it.
+Experiment configs start from `get_config()` (or `paper()`) and override single
+fields. Numbers: METHODS.md "GRPO as used by all three" (SvS public settings).
 """
 
+import os
+
 import ml_collections
+
+from rlvr import evaluation, learner, loop, settings
+from rlvr.rewards import RewardConfig
+from synthesis import svs
+
+# The MATH-500 + AIME 2024 + AIME 2025 eval set, shipped in the repo (data/README.md).
+EVAL_SET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                        "math_aime_eval.jsonl")
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -31,8 +45,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.kind = "files"                 # "files" or "arithmetic" (procedural)
   c.data.instruction = "Please reason step by step, and put your final answer within \\boxed{}."
-  c.data.arithmetic = {"difficulty": 1, "max_operand": 20, "n_sft": 0, "n_train": 0,
-                       "n_heldout": 0, "inverse_pairs": False}
+  c.data.arithmetic = {                 # the procedural task (data.kind = "arithmetic")
+      "difficulty": 1,                  # 1 = 2 operations
+      "max_operand": 20,                # operands 0..max_operand
+      "n_sft": 0,                       # worked solutions seen by SFT
+      "n_train": 0,                     # answer-only problems for RL
+      "n_heldout": 0,                   # fixed held-out split
+      "inverse_pairs": False,           # also teach solution -> problem (SvS synthesis)
+  }
   c.data.train_path = ""                # parquet (verl) / jsonl / json
   c.data.eval_paths = []                # evaluated before and after RL
   c.data.sft_path = ""                  # rows with a `solution` for the SFT warm start
@@ -43,65 +63,60 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 0                       # 0 = no SFT warm start
   c.sft.batch_size = 64
-  c.sft.learner = {"learning_rate": 1e-5, "weight_decay": 0.0, "dual_clip": None}
+  c.sft.learner = settings.section(     # rlvr.learner.LearnerConfig, SFT's own defaults
+      learner.LearnerConfig, learning_rate=1e-5, weight_decay=0.0, dual_clip=None)
 
-  c.method = "rlvr"                     # "rlvr" (plain GRPO) or "svs" (online synthesis)
-  c.svs = {                             # synthesis.svs.SvSConfig (METHODS.md "SvS")
-      "under_lo": 0.125, "under_hi": 0.5,       # underperforming band (SvS-Asp: 0.375..0.75)
-      "reward_lo": 0.125, "reward_hi": 0.625,   # synthesis reward band
-      "naive_reward": False,                    # ablation: reward any solvable synthesis
-      "syntheses_per_solution": 8,              # G_v
-      "type2_keep_ratio": 1.0,                  # ablation: 0.2
-      "max_problem_chars": 4000,
-      "mode": "svs",                            # "eup": second rollout instead of synthesis
-  }
+  c.method = "rlvr"                     # "rlvr" (plain GRPO), "svs" (online synthesis), or
+                                        # "package.module:factory" (rlvr/methods/__init__.py)
+  c.svs = settings.section(svs.SvSConfig)   # synthesis.svs.SvSConfig (METHODS.md "SvS")
   c.svs_template = "default"            # synthesis prompt: "default", "arithmetic" or a file path
 
   c.rl = ml_collections.ConfigDict()
   c.rl.steps = 500
-  c.rl.loop = {"prompts_per_step": 256, "group_size": 8, "max_prompt_len": 4096,
-               "max_response_len": 8192, "temperature": 1.0, "top_p": 1.0,
-               "dynamic_sampling": True, "max_extra_rounds": 3, "oversample": 2.0}
-  c.rl.learner = {"learning_rate": 1e-6, "lr_schedule": "constant", "weight_decay": 0.01,
-                  "grad_clip": 1.0, "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0,
-                  "aggregation": "token-mean", "kl_beta": 0.0, "micro_batches": 16,
-                  "remat": True, "compute_dtype": "bfloat16"}
+  c.rl.loop = settings.section(loop.RLConfig)            # rollouts, dynamic sampling
+  c.rl.learner = settings.section(learner.LearnerConfig)  # optimizer and GRPO loss
 
-  c.reward = {"extraction": "boxed", "integer_answers": False, "format_bonus": 0.0,
-              "timeout_s": 5.0}
+  c.reward = settings.section(RewardConfig)
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.every = 0                      # also evaluate every N GRPO steps (0 = before/after only)
-  c.eval.sampling = {"n": 8, "seeds": (0,), "temperature": 1.0, "top_p": 0.7,
-                     "max_tokens": 8192, "batch_prompts": 128}
+  c.eval.every = 0                      # also evaluate every N RL steps (0 = before/after only)
+  c.eval.sampling = settings.section(evaluation.EvalConfig)
 
   c.checkpoint = {"every": 20, "keep": 3}
   return c
 
 
-def paper(name: str, *, steps: int, method: str = "rlvr", train_path: str = "",
-          integer_answers: bool = False, fsdp: int = 4) -> ml_collections.ConfigDict:
+def paper(name: str, *, steps: int, method: str = "rlvr", integer_answers: bool = False,
+          fsdp: int = 4) -> ml_collections.ConfigDict:
   """A paper-scale run: SvS public GRPO settings, vLLM sampling, MATH/AIME evaluation.
 
   GRPO: lr 1e-6 constant, weight decay 0.01, 256 prompts x 8 responses per step
   (one optimizer step per rollout batch), clip 0.2 / 0.28, dual-clip 3, token-mean
-  loss, no KL, grad clip 1.0, temperature 1.0, prompt 4096 / response 8192 tokens.
-  With method="svs": underperforming 12.5%..50%, G_v 8, synthesis reward band
+  loss, no KL, grad clip 1.0, temperature 1.0, prompt 4096 / response 8192 tokens
+  (the learner defaults, plus the lengths and batch set here). With
+  method="svs": underperforming 12.5%..50%, G_v 8, synthesis reward band
   12.5%..62.5% (ablations: configs/svs_ablations.py). All from METHODS.md.
-  Model and (unless given) data paths are left for flags; nothing is downloaded.
+  Model and training-data paths are left for flags; nothing is downloaded.
   """
   c = get_config()
   c.workdir = f"runs/{name}"
   c.method = method
   c.model.path = ""                     # required: HF dir of the base model
   c.data.kind = "files"
-  c.data.train_path = train_path        # required if "": verl parquet / jsonl / json
-  c.data.eval_paths = ["../shared/data/math_aime_eval.jsonl"]
+  c.data.train_path = ""                # required: verl parquet / jsonl / json
+  c.data.eval_paths = [EVAL_SET]
   c.sampler.kind = "vllm"               # servers: launch/serve_vllm.py --device=gpu
   c.mesh = {"data": 1, "fsdp": fsdp, "tensor": -1}
   c.rl.steps = steps                    # MATH-12k runs: 300 steps; 32B on DAPO-17k: 600
-  c.reward = {"extraction": "boxed", "integer_answers": integer_answers, "format_bonus": 0.0,
-              "timeout_s": 5.0}
-  c.eval.sampling = {"n": 32, "seeds": (0,), "temperature": 1.0, "top_p": 0.7,
-                     "max_tokens": 8192, "batch_prompts": 256}
+  c.rl.loop.prompts_per_step = 256
+  c.rl.loop.max_prompt_len = 4096
+  c.rl.loop.max_response_len = 8192
+  c.rl.learner.micro_batches = 16
+  c.rl.learner.remat = True
+  c.rl.learner.compute_dtype = "bfloat16"
+  c.reward.integer_answers = integer_answers
+  c.eval.sampling.n = 32
+  c.eval.sampling.top_p = 0.7
+  c.eval.sampling.max_tokens = 8192
+  c.eval.sampling.batch_prompts = 256
   return c

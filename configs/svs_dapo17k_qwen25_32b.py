@@ -12,5 +12,5 @@ from configs import base
 
 def get_config():
   return base.paper("svs_dapo17k_qwen25_32b", steps=600, method="svs",
-                    train_path="../shared/data/dapo_math_17k.parquet", integer_answers=True,
+                    integer_answers=True,
                     fsdp=8)

@@ -21,29 +21,29 @@ def get_config():
   }
   c.data.kind = "arithmetic"
   c.data.instruction = ""               # SFT teaches the format; keeps prompts short
-  c.data.arithmetic = {
-      "difficulty": 1,                  # 2 operations
-      "max_operand": 9,                 # operands 0..9
-      "n_sft": 500,                     # worked solutions seen by SFT
-      "n_train": 4000,                  # answer-only problems for GRPO
-      "n_heldout": 256,                 # fixed held-out split
-      "inverse_pairs": False,           # also teach solution -> problem (SvS synthesis)
-  }
+  c.data.arithmetic.max_operand = 9     # 2 operations on operands 0..9
+  c.data.arithmetic.n_sft = 500         # worked solutions seen by SFT
+  c.data.arithmetic.n_train = 4000      # answer-only problems for GRPO
+  c.data.arithmetic.n_heldout = 256     # fixed held-out split
   c.sft.steps = 400
   c.sft.batch_size = 32
-  c.sft.learner = {"learning_rate": 3e-3, "weight_decay": 0.0, "grad_clip": 1.0,
-                   "dual_clip": None, "lr_schedule": "cosine", "warmup_steps": 20,
-                   "total_steps": 400, "min_lr_ratio": 0.1}
+  c.sft.learner.learning_rate = 3e-3
+  c.sft.learner.lr_schedule = "cosine"
+  c.sft.learner.warmup_steps = 20
+  c.sft.learner.total_steps = 400
+  c.sft.learner.min_lr_ratio = 0.1
   c.rl.steps = 100
-  c.rl.loop = {"prompts_per_step": 16, "group_size": 8, "max_prompt_len": 24,
-               "max_response_len": 40, "temperature": 1.0, "dynamic_sampling": True,
-               "max_extra_rounds": 2, "oversample": 2.0}
-  c.rl.learner = {"learning_rate": 2e-4, "weight_decay": 0.0, "grad_clip": 1.0,
-                  "eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0,
-                  "aggregation": "token-mean", "b2": 0.99}
-  c.reward = {"extraction": "boxed", "integer_answers": True, "format_bonus": 0.0,
-              "timeout_s": 5.0}
-  c.eval.sampling = {"n": 4, "seeds": (0,), "temperature": 1.0, "max_tokens": 40,
-                     "batch_prompts": 128}
-  c.checkpoint = {"every": 10, "keep": 2}
+  c.rl.loop.prompts_per_step = 16
+  c.rl.loop.max_prompt_len = 24
+  c.rl.loop.max_response_len = 40
+  c.rl.loop.max_extra_rounds = 2
+  c.rl.learner.learning_rate = 2e-4
+  c.rl.learner.weight_decay = 0.0
+  c.rl.learner.b2 = 0.99
+  c.reward.integer_answers = True
+  c.eval.sampling.n = 4
+  c.eval.sampling.max_tokens = 40
+  c.eval.sampling.batch_prompts = 128
+  c.checkpoint.every = 10
+  c.checkpoint.keep = 2
   return c

@@ -35,6 +35,7 @@ def main(argv):
   from transformers import AutoTokenizer
   from rlvr import data as data_lib, evaluation, model
   from rlvr.rewards import RewardConfig, RewardPool
+  from rlvr.loop import Prompt
   from rlvr.sampling import JaxSampler
 
   cfg, params = model.load_hf(FLAGS.model)
@@ -59,13 +60,11 @@ def main(argv):
   rcfg = RewardConfig(integer_answers=FLAGS.integer_answers)
   results = {}
   with RewardPool(workers=FLAGS.reward_workers, timeout_s=rcfg.timeout_s) as pool:
-    def score(texts, golds):
-      r = pool.score(texts, golds, rcfg)
-      return r.rewards, r.correct
+    score = evaluation.score_fn(pool, rcfg)
     for name, exs in sets.items():
-      prompts = [data_lib.format_prompt(tok, e.problem, FLAGS.instruction) for e in exs]
-      results[name] = evaluation.evaluate_set(sampler, prompts, [e.answer for e in exs], score,
-                                              ecfg, progress=True)
+      prompts = [Prompt(tuple(data_lib.format_prompt(tok, e.problem, FLAGS.instruction)),
+                        e.answer, e.problem, name) for e in exs]
+      results[name] = evaluation.evaluate_set(sampler, prompts, score, ecfg, progress=True)
   report = evaluation.write_report(results, FLAGS.workdir, f"eval {FLAGS.model}")
   print(open(report["markdown"]).read())
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -64,6 +64,22 @@ def restore(mngr: ocp.CheckpointManager, target, step: int | None = None):
   out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                    meta=ocp.args.JsonRestore()))
   return out.state, out.meta
+
+
+def restore_or_init(directory: str, model_cfg: ModelConfig, cfg: learner.LearnerConfig, mesh,
+                    load_params: Callable[[], Any], *, seed: int = 0, keep: int = 3):
+  """The learner set-up SFT and RL share: (manager, state, metadata or None).
+
+  Restores the latest checkpoint under `directory` onto `mesh` when there is
+  one (metadata: what `save` stored); else a fresh state from `load_params()`,
+  which is only called then.
+  """
+  mngr = manager(directory, keep=keep)
+  if mngr.latest_step() is not None:
+    state, meta = restore(mngr, abstract_state(model_cfg, cfg, mesh))
+    return mngr, state, meta
+  state = learner.init_state(model_cfg, cfg, load_params(), mesh, jax.random.PRNGKey(seed))
+  return mngr, state, None
 
 
 def export_hf(path: str, model_cfg: ModelConfig, state: learner.TrainState, tokenizer=None,

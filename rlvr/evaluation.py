@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlvr import metrics as metrics_lib
+from rlvr.loop import Prompt, rollout
 from rlvr.sampling.types import Sampler, SamplingParams
 
 
@@ -24,26 +25,33 @@ class EvalConfig:
   batch_prompts: int = 64         # prompts per generate call
 
 
-def evaluate_set(sampler: Sampler, prompt_ids: Sequence[Sequence[int]], answers: Sequence[str],
-                 score_fn: Callable, cfg: EvalConfig, progress: bool = False) -> dict:
-  """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...]}."""
+def score_fn(pool, reward_cfg) -> Callable:
+  """`(texts, golds) -> (rewards, correct)` of a `rlvr.rewards.RewardPool` under one config."""
+  def score(texts, golds):
+    res = pool.score(texts, golds, reward_cfg)
+    return res.rewards, res.correct
+  return score
+
+
+def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable, cfg: EvalConfig,
+                 progress: bool = False) -> dict:
+  """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...]}.
+
+  Each batch of prompts is one `rlvr.loop.rollout`, as in training.
+  """
   ks = metrics_lib.ks_up_to(cfg.n)
   per_seed = []
   for seed in cfg.seeds:
     counts = []
-    chunks = range(0, len(prompt_ids), cfg.batch_prompts)
+    chunks = range(0, len(prompts), cfg.batch_prompts)
     if progress:
       from tqdm import tqdm
       chunks = tqdm(chunks, desc=f"eval seed {seed}", unit="batch", leave=False)
     for start in chunks:
-      idx = list(range(start, min(start + cfg.batch_prompts, len(prompt_ids))))
       sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                           max_tokens=cfg.max_tokens, seed=seed * 100_003 + start)
-      outs = sampler.generate([prompt_ids[i] for i in idx], sp)
-      texts = [c.text for g in outs for c in g]
-      golds = [answers[i] for i in idx for _ in range(cfg.n)]
-      _, correct = score_fn(texts, golds)
-      counts += list(np.asarray(correct, bool).reshape(len(idx), cfg.n).sum(axis=1))
+      groups = rollout(sampler.generate, score_fn, prompts[start:start + cfg.batch_prompts], sp)
+      counts += [int(g.correct.sum()) for g in groups]
     counts = np.asarray(counts)
     per_seed.append({
         "seed": seed,
@@ -54,7 +62,7 @@ def evaluate_set(sampler: Sampler, prompt_ids: Sequence[Sequence[int]], answers:
     })
   agg = lambda xs: (float(np.mean(xs)), float(np.std(xs)))
   return {
-      "n": cfg.n, "problems": len(prompt_ids), "seeds": list(cfg.seeds),
+      "n": cfg.n, "problems": len(prompts), "seeds": list(cfg.seeds),
       "pass@k": {k: agg([s["pass@k"][k] for s in per_seed]) for k in ks},
       f"avg@{cfg.n}": agg([s[f"avg@{cfg.n}"] for s in per_seed]),
       "per_seed": per_seed,

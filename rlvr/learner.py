@@ -16,6 +16,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from rlvr import grpo, sharding
@@ -89,6 +90,30 @@ class TrainBatch:
   truncated_b: jax.Array | None = None
 
 
+def pack_rows(rows, n_rows: int, seq_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """(prompt ids, completion ids, completion logprobs or None) rows -> right-padded arrays.
+
+  The layout every update sees (RL buffers and SFT alike): prompt, then the
+  completion (the only tokens in the loss), then padding; rows past the given
+  ones are all padding. A row longer than seq_len loses its tail.
+  """
+  tokens = np.full((n_rows, seq_len), pad_id, np.int32)
+  seg = np.zeros((n_rows, seq_len), np.int32)
+  mask = np.zeros((n_rows, seq_len), np.float32)
+  sampler_logp = np.zeros((n_rows, seq_len), np.float32)
+  if len(rows) > n_rows:
+    raise ValueError(f"pack_rows: {len(rows)} rows do not fit n_rows={n_rows}")
+  for r, (prompt, completion, logprobs) in enumerate(rows):
+    ids = (list(prompt) + list(completion))[:seq_len]
+    p, n = len(prompt), len(ids)
+    tokens[r, :n] = ids
+    seg[r, :n] = 1
+    mask[r, p:n] = 1
+    if logprobs is not None and n > p:
+      sampler_logp[r, p:n] = logprobs[:n - p]
+  return dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask, sampler_logp_bt=sampler_logp)
+
+
 @flax.struct.dataclass
 class TrainState:
   params: Any                    # f32 master weights
@@ -119,7 +144,7 @@ def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
 def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
   """TrainState of NamedShardings: params and their optimizer moments by the rules."""
   tx = make_optimizer(cfg)
-  param_sh = sharding.param_shardings(model_cfg, mesh, rules)
+  param_sh = decoder.param_shardings(model_cfg, mesh, rules)
   shapes = decoder.param_shapes(model_cfg)
   rep = sharding.replicated(mesh)
   opt_sh = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, shapes), param_sh,

@@ -1,8 +1,11 @@
-"""One RL step: rollout -> score -> dynamic sampling -> batch -> update -> weight sync.
+"""The step every RL method shares: rollouts, dynamic sampling, batch, update, weight sync.
 
-Everything outside `update` is plain Python around the Sampler and the reward
-pool; the step's shapes are fixed (prompts_per_step x group_size rows, one
-token bucket), so the jitted update compiles once per run.
+A method (`rlvr/methods/`) only builds the buffer of scored groups for one
+update; `rl_step` does the rest the same way for all of them: pack the groups
+into bucketed shapes (so the jitted update compiles a handful of times per
+run), update, push the new weights to the sampler once, and time the phases.
+Everything outside the update is plain Python around the Sampler and the
+scorer, reached through a `StepEnv`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rlvr import grpo, metrics as metrics_lib
+from rlvr import grpo, learner, metrics as metrics_lib
 from rlvr.sampling.types import Completion, Sampler, SamplingParams
 
 
@@ -59,12 +62,26 @@ class RLConfig:
                           top_k=self.top_k, max_tokens=self.max_response_len, seed=seed)
 
 
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+  """A problem as the policy sees it: prompt token ids plus the answer it is scored against.
+
+  Methods draw these from the training set and create new ones (synthetic,
+  composed, variants); `source` says where one came from, `text` is the
+  problem statement (without chat template) for methods that rewrite it.
+  """
+
+  ids: tuple[int, ...]
+  answer: str
+  text: str = ""
+  source: str = ""
+
+
 @dataclasses.dataclass
 class Group:
   """One prompt's G responses, scored."""
 
-  example: int
-  prompt_ids: list[int]
+  prompt: Prompt
   completions: list[Completion]
   rewards: np.ndarray    # [G] float
   correct: np.ndarray    # [G] bool
@@ -75,19 +92,19 @@ class Group:
 
 
 ScoreFn = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray]]
+GenerateFn = Callable[[list[Sequence[int]], SamplingParams], list[list[Completion]]]
 
 
-def rollout(sampler: Sampler, examples: Sequence[int], prompt_ids: Sequence[Sequence[int]],
-            answers: Sequence[str], score_fn: ScoreFn, sp: SamplingParams) -> list[Group]:
-  """Samples sp.n responses per prompt and scores them against the answers."""
-  outs = sampler.generate([prompt_ids[i] for i in examples], sp)
+def rollout(generate: GenerateFn, score_fn: ScoreFn, prompts: Sequence[Prompt],
+            sp: SamplingParams) -> list[Group]:
+  """Samples sp.n responses per prompt (one generate call) and scores them."""
+  outs = generate([list(p.ids) for p in prompts], sp)
   texts = [c.text for group in outs for c in group]
-  golds = [answers[i] for i in examples for _ in range(sp.n)]
+  golds = [p.answer for p in prompts for _ in range(sp.n)]
   rewards, correct = score_fn(texts, golds)
-  rewards = np.asarray(rewards, np.float32).reshape(len(examples), sp.n)
-  correct = np.asarray(correct, bool).reshape(len(examples), sp.n)
-  return [Group(int(e), list(prompt_ids[e]), outs[k], rewards[k], correct[k])
-          for k, e in enumerate(examples)]
+  rewards = np.asarray(rewards, np.float32).reshape(len(prompts), sp.n)
+  correct = np.asarray(correct, bool).reshape(len(prompts), sp.n)
+  return [Group(p, outs[k], rewards[k], correct[k]) for k, p in enumerate(prompts)]
 
 
 def step_seed(seed: int, step: int, round_: int) -> int:
@@ -95,20 +112,65 @@ def step_seed(seed: int, step: int, round_: int) -> int:
   return (seed * 1_000_003 + step * 1009 + round_ * 7919) % (2 ** 31)
 
 
-def gather_groups(sampler: Sampler, draw: Callable[[int], list[int]], prompt_ids, answers,
-                  score_fn: ScoreFn, cfg: RLConfig, step: int):
+class StepEnv:
+  """What a method may use inside one step: sampler, scorer, encoders, the RL config.
+
+  `generate` and `score` go through here so the step tail can time them and
+  count generated tokens; `complete` is the text-in / text-out call that
+  synthesis functions take. `answer_of` is a task's exact answer of a problem
+  text (procedural tasks only): diagnostics, never a training signal.
+  """
+
+  def __init__(self, sampler: Sampler, score_fn: ScoreFn, *, rl: RLConfig, pad_id: int,
+               encode: Callable[[str], list[int]], encode_task: Callable[[str], list[int]],
+               answer_of: Callable[[str], str | None] | None = None):
+    self.sampler, self.rl, self.pad_id = sampler, rl, pad_id
+    self._score_fn = score_fn
+    self.encode, self.encode_task, self.answer_of = encode, encode_task, answer_of
+    self.reset()
+
+  def reset(self) -> None:
+    self.time_sample = self.time_score = 0.0
+    self.generated_tokens = 0
+
+  def generate(self, prompt_ids: list[Sequence[int]], sp: SamplingParams):
+    t = time.perf_counter()
+    outs = self.sampler.generate(prompt_ids, sp)
+    self.time_sample += time.perf_counter() - t
+    self.generated_tokens += sum(len(c.token_ids) for g in outs for c in g)
+    return outs
+
+  def score(self, texts: list[str], golds: list[str]):
+    t = time.perf_counter()
+    out = self._score_fn(texts, golds)
+    self.time_score += time.perf_counter() - t
+    return out
+
+  def rollout(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[Group]:
+    return rollout(self.generate, self.score, prompts, sp)
+
+  def complete(self, prompts: Sequence[str], sp: SamplingParams) -> list[list[Completion]]:
+    """Chat-templated task prompts (no solving instruction) -> sp.n completions each."""
+    return self.generate([self.encode_task(p) for p in prompts], sp)
+
+  def prompt(self, text: str, answer: str, source: str) -> Prompt:
+    """A solving prompt for a problem text (the run's instruction and chat template)."""
+    return Prompt(tuple(self.encode(text)), answer, text, source)
+
+
+def gather_groups(env: StepEnv, draw: Callable[[int], list[Prompt]], step: int):
   """Rollouts until `prompts_per_step` usable groups (or the round budget) are reached.
 
   Returns (kept groups, all sampled groups, rounds used). Raises NoSignalError
   when dynamic sampling found no mixed group at all within the budget.
   """
+  cfg = env.rl
   kept, sampled = [], []
   need = cfg.prompts_per_step
   for round_ in range(cfg.max_extra_rounds + 1):
     missing = need - len(kept)
     count = need if round_ == 0 else int(np.ceil(missing * cfg.oversample))
-    groups = rollout(sampler, draw(count), prompt_ids, answers, score_fn,
-                     cfg.sampling_params(step_seed(cfg.seed, step, round_)))
+    groups = env.rollout(draw(count), cfg.sampling_params(step_seed(cfg.seed, step, round_)))
     sampled += groups
     kept += [g for g in groups if g.mixed or not cfg.dynamic_sampling][:missing]
     if len(kept) >= need or not cfg.dynamic_sampling:
@@ -123,46 +185,43 @@ def gather_groups(sampler: Sampler, draw: Callable[[int], list[int]], prompt_ids
   return kept, sampled, cfg.max_extra_rounds + 1
 
 
+def bucket(n: int, minimum: int, multiple: int = 1) -> int:
+  """`minimum` when n fits, else the next power of two >= n (a multiple of `multiple`)."""
+  b = minimum if n <= minimum else 1 << (n - 1).bit_length()
+  return -(-b // multiple) * multiple
+
+
 def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int, *, rows: int | None = None,
                 seq_len: int | None = None) -> dict[str, np.ndarray]:
   """Right-padded [rows, seq_len] arrays: prompt, then completion (in the loss), then pad.
 
   Rows beyond the groups are padding (no loss tokens). Advantages are computed
   within each group (`grpo.group_advantages`); groups may differ in size.
-  Defaults: cfg.rows x cfg.seq_len (prompts longer than cfg.max_prompt_len keep
-  their last tokens); pass rows / seq_len for buffers of other shapes.
+  Default shape: cfg.rows x cfg.seq_len, grown to the next power of two when
+  the groups need more (a larger buffer, a longer prompt), so shapes stay few.
   """
-  rows = cfg.rows if rows is None else rows
-  t = cfg.seq_len if seq_len is None else seq_len
-  max_prompt = cfg.max_prompt_len if seq_len is None else t
-  tokens = np.full((rows, t), pad_id, np.int32)
-  seg = np.zeros((rows, t), np.int32)
-  loss_mask = np.zeros((rows, t), np.float32)
-  sampler_logp = np.zeros((rows, t), np.float32)
-  truncated = np.zeros((rows,), bool)
+  completions = [c for g in groups for c in g.completions]
+  longest = max((len(g.prompt.ids) + len(c.token_ids) for g in groups for c in g.completions),
+                default=0)
+  rows = bucket(len(completions), cfg.rows) if rows is None else rows
+  seq_len = bucket(longest, cfg.seq_len, 16) if seq_len is None else seq_len
+  arrays = learner.pack_rows([(g.prompt.ids, c.token_ids, c.logprobs) for g in groups
+                              for c in g.completions], rows, seq_len, pad_id)
   adv = np.zeros((rows,), np.float32)
+  truncated = np.zeros((rows,), bool)
   r = 0
   for g in groups:
     adv_g = np.asarray(grpo.group_advantages(np.asarray(g.rewards)[None],
                                              normalize_std=cfg.normalize_std))[0]
-    p = list(g.prompt_ids)[-max_prompt:]
-    for ci, c in enumerate(g.completions):
-      ids = list(c.token_ids)[:t - len(p)]
-      n = len(p) + len(ids)
-      tokens[r, :n] = p + ids
-      seg[r, :n] = 1
-      loss_mask[r, len(p):n] = 1
-      if c.logprobs is not None:
-        sampler_logp[r, len(p):n] = c.logprobs[:len(ids)]
-      truncated[r] = c.finish_reason == "length"
-      adv[r] = adv_g[ci]
-      r += 1
-  return dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=loss_mask, advantages_b=adv,
-              sampler_logp_bt=sampler_logp, truncated_b=truncated)
+    adv[r:r + len(adv_g)] = adv_g
+    r += len(adv_g)
+  truncated[:len(completions)] = [c.finish_reason == "length" for c in completions]
+  return dict(arrays, advantages_b=adv, truncated_b=truncated)
 
 
 def rollout_metrics(sampled: Sequence[Group], kept: Sequence[Group], rounds: int,
                     cfg: RLConfig) -> dict[str, float]:
+  """Accuracy, solve rates, lengths and batch fill of one step's rollouts."""
   correct = np.stack([g.correct for g in sampled])
   lengths = np.array([len(c.token_ids) for g in sampled for c in g.completions])
   trunc = np.array([c.finish_reason == "length" for g in sampled for c in g.completions])
@@ -180,47 +239,30 @@ def rollout_metrics(sampled: Sequence[Group], kept: Sequence[Group], rounds: int
   return out
 
 
-def rl_step(state, update_fn, sampler: Sampler, draw: Callable[[int], list[int]],
-            prompt_ids, answers, score_fn: ScoreFn, cfg: RLConfig, step: int,
-            to_batch: Callable[[dict], Any], pad_id: int = 0):
-  """One GRPO step. Returns (new state, metrics).
+def rl_step(state, update_fn, method, env: StepEnv, step: int, to_batch: Callable[[dict], Any]):
+  """One RL step of any method. Returns (new state, metrics).
 
-  draw(k): the next k example indices of the data stream. to_batch: numpy
-  dict -> learner.TrainBatch placed on the mesh (per-process rows when
-  multi-host). Pushes the new weights to the sampler at version step + 1.
+  method.buffer(env, step) -> (groups, metrics) builds the update's data;
+  to_batch: numpy dict -> learner.TrainBatch placed on the mesh (per-process
+  rows when multi-host). The sampler gets the new weights at version step + 1,
+  also when the buffer is empty and the update is skipped.
   """
   t0 = time.perf_counter()
-  timing = {}
-  clock = [time.perf_counter()]
-
-  def lap(name):
-    now = time.perf_counter()
-    timing[f"time_{name}"] = now - clock[0]
-    clock[0] = now
-
-  score_time = [0.0]
-
-  def timed_score(texts, golds):
-    t = time.perf_counter()
-    out = score_fn(texts, golds)
-    score_time[0] += time.perf_counter() - t
-    return out
-
-  kept, sampled, rounds = gather_groups(sampler, draw, prompt_ids, answers, timed_score, cfg, step)
-  lap("rollout")
-  timing["time_score"] = score_time[0]
-  timing["time_sample"] = timing.pop("time_rollout") - score_time[0]
-  arrays = build_batch(kept, cfg, pad_id)
-  state, learner_metrics = update_fn(state, to_batch(arrays))
-  learner_metrics = {k: float(v) for k, v in learner_metrics.items()}
-  lap("update")
-  sampler.update_weights(state.params, version=step + 1)
-  lap("sync")
-  out = rollout_metrics(sampled, kept, rounds, cfg)
-  out.update(learner_metrics)
-  out.update(timing)
-  total = time.perf_counter() - t0
-  gen_tokens = sum(len(c.token_ids) for g in sampled for c in g.completions)
-  out["time_step"] = total
-  out["tokens_per_s"] = gen_tokens / total
-  return state, out
+  env.reset()
+  groups, m = method.buffer(env, step)
+  m = dict(m)
+  t_buffer = time.perf_counter()
+  if groups:
+    state, learner_metrics = update_fn(state, to_batch(build_batch(groups, env.rl, env.pad_id)))
+    m.update({k: float(v) for k, v in learner_metrics.items()})
+  t_update = time.perf_counter()
+  env.sampler.update_weights(state.params, version=step + 1)
+  end = time.perf_counter()
+  m.update({
+      "skipped_update": int(not groups),
+      "time_sample": env.time_sample, "time_score": env.time_score,
+      "time_buffer": t_buffer - t0, "time_update": t_update - t_buffer,
+      "time_sync": end - t_update, "time_step": end - t0,
+      "tokens_per_s": env.generated_tokens / (end - t0),
+  })
+  return state, m

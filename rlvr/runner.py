@@ -1,9 +1,11 @@
-"""A whole RLVR run: model, data, SFT warm start, evaluation, GRPO, summary and plots.
+"""A whole run as a short pipeline: set up -> SFT -> evaluate -> train -> evaluate -> summary.
 
 `run(config)` is what `launch/train.py` calls. Every phase writes into the
 work dir, and rerunning the same command resumes: a finished SFT phase is
-reloaded from `sft/model/`, GRPO from its last orbax checkpoint, with the
-data stream continuing in the same order.
+reloaded from `sft/model/`, RL from its last orbax checkpoint together with
+the method's own state (data position, curriculum, question bank), finished
+evaluations from `progress.json`. The RL method comes from `methods.make`;
+nothing here depends on which one it is.
 """
 
 from __future__ import annotations
@@ -15,39 +17,21 @@ import os
 import time
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
-from rlvr import checkpoint, distributed, evaluation, learner, loop, metrics as metrics_lib
-from rlvr import model as model_lib, sharding, svs_step
-from rlvr.data import DataStream, format_prompt
+from rlvr import checkpoint, datasets, distributed, evaluation, learner, loop, methods
+from rlvr import metrics as metrics_lib, model as model_lib, settings, sharding, sft
+from rlvr.data import format_prompt
 from rlvr.rewards import RewardConfig, RewardPool
 from rlvr.sampling import JaxSampler
-from rlvr.tasks import arithmetic
-from synthesis import svs
 
 PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
              "response_len_mean", "truncated_frac", "clip_frac_high", "grad_norm",
              "heldout_pass@1", "heldout_pass@8")
-SVS_PLOT_KEYS = ("accuracy", "type1_groups", "type2_groups", "type3_groups", "svs_accepted",
-                 "svs_too_easy", "svs_too_hard", "svs_unparseable", "synthetic_accuracy",
-                 "svs_accepted_consistent")
-
-
-def _frozen(cls, d) -> Any:
-  """ConfigDict section -> frozen dataclass; unknown fields are named."""
-  d = dict(d)
-  names = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(d) - names)
-  if unknown:
-    raise ValueError(f"{cls.__name__}: unknown config fields {unknown}; known: {sorted(names)}")
-  for f in dataclasses.fields(cls):
-    if f.name in d and isinstance(d[f.name], list):
-      d[f.name] = tuple(d[f.name])
-  return cls(**d)
 
 
 def _json(path, obj=None):
+  """Reads `path`, or atomically writes `obj` there."""
   if obj is None:
     with open(path) as f:
       return json.load(f)
@@ -58,12 +42,45 @@ def _json(path, obj=None):
   return obj
 
 
-# --------------------------------------------------------------------- pieces
+@dataclasses.dataclass
+class Run:
+  """What every phase of one run shares."""
+
+  cfg: Any                       # the ml_collections config
+  workdir: str
+  progress: dict                 # finished phases (progress.json)
+  model_dir: str                 # the HF dir the run starts from
+  tokenizer: Any
+  mesh: Any
+  data: datasets.RunData
+  eval_prompts: dict[str, list[loop.Prompt]]
+
+  @property
+  def pad_id(self) -> int:
+    return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+  def encode(self, text: str) -> list[int]:
+    """Solving prompt: the problem plus the run's instruction, chat-templated."""
+    return format_prompt(self.tokenizer, text, self.cfg.data.instruction)
+
+  def encode_task(self, text: str) -> list[int]:
+    """Any other task prompt (synthesis, composition): chat template only."""
+    return format_prompt(self.tokenizer, text, "")
+
+  def prompts(self, examples, source: str) -> list[loop.Prompt]:
+    return [loop.Prompt(tuple(self.encode(e.problem)), e.answer, e.problem, e.source or source)
+            for e in examples]
+
+  def save_progress(self) -> None:
+    _json(os.path.join(self.workdir, "progress.json"), self.progress)
+
+
+# --------------------------------------------------------------------- phases
 def prepare_model(cfg) -> str:
   """The HF dir to start from: `model.path`, or a cached `make_tiny` build."""
   if cfg.model.path:
     return cfg.model.path
-  tiny = dict(cfg.model.tiny)
+  tiny = cfg.model.tiny.to_dict() if hasattr(cfg.model.tiny, "to_dict") else dict(cfg.model.tiny)
   key = hashlib.sha1(json.dumps(tiny, sort_keys=True).encode()).hexdigest()[:10]
   path = os.path.join(os.path.expanduser(cfg.model.cache_dir), f"tiny-{key}")
   if not os.path.exists(os.path.join(path, "config.json")):
@@ -74,199 +91,154 @@ def prepare_model(cfg) -> str:
   return path
 
 
-def prepare_data(cfg):
-  """(sft_pairs_text, train examples, {eval name: examples})."""
-  from rlvr import data as data_lib
-  if cfg.data.kind == "arithmetic":
-    t = cfg.data.arithmetic
-    train, heldout = arithmetic.make_splits(t.n_sft + t.n_train, t.n_heldout, t.difficulty,
-                                            cfg.seed, max_operand=t.max_operand)
-    sft = [(p.problem, p.solution) for p in train[:t.n_sft]]
-    if t.inverse_pairs:
-      sft += [arithmetic.inverse_pair(p) for p in train[:t.n_sft]]
-    return (sft, arithmetic.to_examples(train[t.n_sft:]),
-            {"heldout": arithmetic.to_examples(heldout)})
-  d = cfg.data
-  if d.kind != "files":
-    raise ValueError(f"data.kind: unknown {d.kind!r}; expected arithmetic|files")
-  if not d.train_path:
-    raise ValueError("data.train_path: required for data.kind='files'")
-  read = lambda path: list(data_lib.read_dataset(
-      path, problem_field=d.problem_field or None, answer_field=d.answer_field or None,
-      on_bad_row=d.on_bad_row))
-  train = read(d.train_path)
-  evals = {os.path.splitext(os.path.basename(p))[0]: read(p) for p in d.eval_paths}
-  sft = []
-  if d.sft_path:
-    sft = [(e.problem, e.solution) for e in read(d.sft_path) if e.solution]
-  return sft, train, evals
-
-
-def score_fn_for(pool: RewardPool, reward_cfg: RewardConfig):
-  def score(texts, golds):
-    res = pool.score(texts, golds, reward_cfg)
-    return res.rewards, res.correct
-  return score
-
-
-# ------------------------------------------------------------------------ run
-def run(cfg) -> dict:
-  """Runs (or resumes) the experiment described by an ml_collections config."""
-  t_start = time.time()
+def setup(cfg) -> Run:
+  from transformers import AutoTokenizer
   distributed.initialize(cfg.get("coordinator") or None)
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   progress_path = os.path.join(workdir, "progress.json")
   progress = _json(progress_path) if os.path.exists(progress_path) else {}
   model_dir = prepare_model(cfg)
-  from transformers import AutoTokenizer
-  tok = AutoTokenizer.from_pretrained(model_dir)
-  pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-  mesh = sharding.make_mesh(dict(cfg.mesh))
-  rl_cfg = _frozen(loop.RLConfig, cfg.rl.loop)
-  if cfg.method not in ("rlvr", "svs"):
-    raise ValueError(f"method: unknown {cfg.method!r}; expected rlvr|svs")
-  svs_cfg = _frozen(svs.SvSConfig, cfg.svs)
-  # The arithmetic task can recompute a synthetic problem's answer: diagnostic metrics only.
-  true_answer = arithmetic.answer_of if cfg.data.kind == "arithmetic" else None
-  svs_template = None
-  if cfg.svs_template == "arithmetic":
-    svs_template = arithmetic.INVERSE_TEMPLATE
-  elif cfg.svs_template != "default":
-    with open(cfg.svs_template) as f:
-      svs_template = f.read()
-  reward_cfg = _frozen(RewardConfig, cfg.reward)
-  eval_cfg = _frozen(evaluation.EvalConfig, cfg.eval.sampling)
-  sft_pairs, train, evals = prepare_data(cfg)
-  enc = lambda text: format_prompt(tok, text, cfg.data.instruction)
+  data = datasets.prepare(cfg.data, cfg.seed)
+  run = Run(cfg, workdir, progress, model_dir, AutoTokenizer.from_pretrained(model_dir),
+            sharding.make_mesh(cfg.mesh.to_dict()), data, {})
+  run.eval_prompts = {name: run.prompts(exs, name) for name, exs in data.evals.items()}
+  return run
 
-  def sampler_for(m_cfg, params):
-    """The configured sampler, serving `params` (version 0) from the start."""
-    if cfg.sampler.kind == "jax":
-      return JaxSampler(m_cfg, params, tok, mesh=mesh)
-    if cfg.sampler.kind != "vllm":
-      raise ValueError(f"sampler.kind: unknown {cfg.sampler.kind!r}; expected jax|vllm")
-    from rlvr.sampling.vllm_sampler import VLLMSampler
-    if not cfg.sampler.urls:
-      raise ValueError("sampler.urls: vllm sampler needs at least one server URL")
-    client = VLLMSampler(list(cfg.sampler.urls), model_config=m_cfg,
-                         eos_token_id=tok.eos_token_id, pad_token_id=pad_id,
-                         sync_dir=os.path.join(workdir, "weights"),
-                         max_concurrency=cfg.sampler.max_concurrency,
-                         sync_dtype=jnp.dtype(cfg.sampler.sync_dtype))
-    client.update_weights(params, version=0)
-    return client
-  to_batch = lambda arrays: learner.TrainBatch(**distributed.global_batch(arrays, mesh))
-  eval_prompts = {name: [enc(e.problem) for e in exs] for name, exs in evals.items()}
-  eval_answers = {name: [e.answer for e in exs] for name, exs in evals.items()}
 
-  with RewardPool(workers=cfg.reward_workers, timeout_s=reward_cfg.timeout_s) as pool:
-    score = score_fn_for(pool, reward_cfg)
-    # Evaluation counts correct answers only, with general (not integer-only) matching.
-    eval_score = score_fn_for(pool, dataclasses.replace(reward_cfg, integer_answers=False,
-                                                        format_bonus=0.0))
+def warm_start(run: Run) -> str:
+  """SFT on the run's worked solutions (resumable); returns the HF dir RL starts from."""
+  c = run.cfg
+  if c.sft.steps <= 0:
+    return run.model_dir
+  return sft.train_sft(
+      run.model_dir, run.data.sft_pairs, os.path.join(run.workdir, "sft"),
+      learner_cfg=settings.frozen(learner.LearnerConfig, c.sft.learner), mesh=run.mesh,
+      instruction=c.data.instruction, steps=c.sft.steps, batch_size=c.sft.batch_size,
+      seed=c.seed, checkpoint_every=c.checkpoint.every * 10, keep=c.checkpoint.keep)
 
-    def run_eval(sampler, tag):
-      results = {name: evaluation.evaluate_set(sampler, eval_prompts[name], eval_answers[name],
-                                               eval_score, eval_cfg, progress=True)
-                 for name in eval_prompts}
-      evaluation.write_report(results, os.path.join(workdir, f"eval_{tag}"), f"eval {tag}")
-      return {name: {"pass@1": r["pass@k"][1][0], **{f"pass@{k}": v[0] for k, v in
-                                                      r["pass@k"].items()}}
-              for name, r in results.items()}
 
-    # ---- SFT warm start
-    start_dir = model_dir
-    if cfg.sft.steps > 0:
-      from rlvr import sft as sft_lib
-      start_dir = sft_lib.train_sft(
-          model_dir, sft_pairs, os.path.join(workdir, "sft"),
-          learner_cfg=_frozen(learner.LearnerConfig, cfg.sft.learner), mesh=mesh,
-          instruction=cfg.data.instruction, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size,
-          seed=cfg.seed, checkpoint_every=cfg.checkpoint.every * 10, keep=cfg.checkpoint.keep)
-    m_cfg, params = model_lib.load_hf(start_dir, mesh=mesh)
+def make_sampler(run: Run, model_cfg, params):
+  """The configured sampler, serving `params` as version 0."""
+  c = run.cfg.sampler
+  if c.kind == "jax":
+    return JaxSampler(model_cfg, params, run.tokenizer, mesh=run.mesh)
+  if c.kind != "vllm":
+    raise ValueError(f"sampler.kind: unknown {c.kind!r}; expected jax|vllm")
+  from rlvr.sampling.vllm_sampler import VLLMSampler
+  if not c.urls:
+    raise ValueError("sampler.urls: vllm sampler needs at least one server URL")
+  client = VLLMSampler(list(c.urls), model_config=model_cfg,
+                       eos_token_id=run.tokenizer.eos_token_id, pad_token_id=run.pad_id,
+                       sync_dir=os.path.join(run.workdir, "weights"),
+                       max_concurrency=c.max_concurrency, sync_dtype=jnp.dtype(c.sync_dtype))
+  client.update_weights(params, version=0)
+  return client
 
-    if "eval_before" not in progress:
-      progress["eval_before"] = run_eval(sampler_for(m_cfg, params), "before_rl")
-      _json(progress_path, progress)
 
-    # ---- GRPO
-    lc = _frozen(learner.LearnerConfig, cfg.rl.learner)
-    mngr = checkpoint.manager(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep)
-    prompt_ids = [enc(e.problem) for e in train]
-    answers = [e.answer for e in train]
-    if mngr.latest_step() is not None:
-      state, meta = checkpoint.restore(mngr, checkpoint.abstract_state(m_cfg, lc, mesh))
-      stream = DataStream.from_state(meta["data"])
-      print(f"resumed GRPO from step {int(state.step)} ({workdir}/checkpoints)")
-    else:
-      state = learner.init_state(m_cfg, lc, params, mesh, jax.random.PRNGKey(cfg.seed))
-      stream = DataStream(len(train), cfg.seed)
-    del params
-    start = int(jax.device_get(state.step))
-    update = learner.make_update_fn(m_cfg, lc, mesh)
-    sampler = sampler_for(m_cfg, state.params)
-    writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
-    from tqdm import tqdm
-    bar = tqdm(range(start, cfg.rl.steps), desc="grpo", unit="step", initial=start,
-               total=cfg.rl.steps)
-    for step in bar:
-      if cfg.method == "svs":
-        state, m = svs_step.svs_step(
-            state, update, sampler, stream.next_indices, prompt_ids, answers, enc,
-            lambda text: format_prompt(tok, text, ""), score, rl_cfg, svs_cfg, step, to_batch,
-            pad_id, template=svs_template, true_answer=true_answer)
-      else:
-        state, m = loop.rl_step(state, update, sampler, stream.next_indices, prompt_ids,
-                                answers, score, rl_cfg, step, to_batch, pad_id)
-      if cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-        for name in eval_prompts:
-          r = evaluation.evaluate_set(sampler, eval_prompts[name], eval_answers[name],
-                                      eval_score, eval_cfg)
-          m.update({f"{name}_pass@{k}": v[0] for k, v in r["pass@k"].items()})
-      writer.write(step, m)
-      post = {"acc": f"{m['accuracy']:.2f}", "ent": f"{m.get('entropy', 0):.2f}",
-              "kept": m["groups_kept"]}
-      if cfg.method == "svs":
-        post["syn"] = m.get("svs_accepted", 0)
-      bar.set_postfix(post)
-      if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.rl.steps:
-        checkpoint.save(mngr, state, {"data": stream.state(), "step": step + 1})
-    writer.close()
-    mngr.close()
+def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
+  """pass@k of every eval set; with a tag, also a report under workdir/eval_<tag>."""
+  ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
+  results = {name: evaluation.evaluate_set(sampler, prompts, score_fn, ecfg,
+                                           progress=tag is not None)
+             for name, prompts in run.eval_prompts.items()}
+  if tag is not None:
+    evaluation.write_report(results, os.path.join(run.workdir, f"eval_{tag}"), f"eval {tag}")
+  return {name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()}
+          for name, r in results.items()}
 
-    if "eval_after" not in progress or progress.get("eval_after_step") != cfg.rl.steps:
-      progress["eval_after"] = run_eval(sampler, "after_rl")
-      progress["eval_after_step"] = cfg.rl.steps
-      _json(progress_path, progress)
-    if cfg.export_hf:
-      checkpoint.export_hf(os.path.join(workdir, "policy"), m_cfg, state, tokenizer=tok)
 
-  rows = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+def train(run: Run, state, update, mngr, method, env: loop.StepEnv, eval_score):
+  """RL steps from state.step to rl.steps; checkpoints carry the method's state."""
+  from tqdm import tqdm
+  c = run.cfg
+  start = int(state.step)
+  writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
+  to_batch = lambda arrays: learner.TrainBatch(**distributed.global_batch(arrays, run.mesh))
+  bar = tqdm(range(start, c.rl.steps), desc=method.name, unit="step", initial=start,
+             total=c.rl.steps)
+  for step in bar:
+    state, m = loop.rl_step(state, update, method, env, step, to_batch)
+    if c.eval.every and (step + 1) % c.eval.every == 0:
+      for name, scores in evaluate(run, env.sampler, eval_score).items():
+        m.update({f"{name}_{k}": v for k, v in scores.items()})
+    writer.write(step, m)
+    post = {"acc": f"{m['accuracy']:.2f}", "ent": f"{m.get('entropy', 0):.2f}",
+            "kept": m["groups_kept"]}
+    post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
+    bar.set_postfix(post)
+    if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps:
+      checkpoint.save(mngr, state, {"method": method.state(), "step": step + 1})
+  writer.close()
+  return state
+
+
+def write_summary(run: Run, method, seconds: float) -> dict:
+  """Plots and summary.json from the metrics of all invocations."""
+  rows = metrics_lib.read_jsonl(os.path.join(run.workdir, "metrics.jsonl"))
+  name = os.path.basename(run.workdir)
   if rows:
-    metrics_lib.plot_metrics(rows, PLOT_KEYS, os.path.join(workdir, "training.png"),
-                             title=os.path.basename(workdir))
-    if cfg.method == "svs":
-      metrics_lib.plot_metrics(rows, SVS_PLOT_KEYS, os.path.join(workdir, "svs.png"),
-                               title=f"{os.path.basename(workdir)}: SvS buffer")
+    metrics_lib.plot_metrics(rows, PLOT_KEYS, os.path.join(run.workdir, "training.png"),
+                             title=name)
+    if method.plot_keys:
+      metrics_lib.plot_metrics(rows, method.plot_keys,
+                               os.path.join(run.workdir, f"{method.name}.png"),
+                               title=f"{name}: {method.name}")
   summary = {
-      "steps": cfg.rl.steps,
-      "eval_before_rl": progress["eval_before"],
-      "eval_after_rl": progress["eval_after"],
-      "time_s_this_invocation": round(time.time() - t_start, 1),
-      "method": cfg.method,
-      "model_dir": model_dir,
-      "workdir": workdir,
+      "steps": run.cfg.rl.steps,
+      "eval_before_rl": run.progress["eval_before"],
+      "eval_after_rl": run.progress["eval_after"],
+      "time_s_this_invocation": round(seconds, 1),
+      "method": method.name,
+      "model_dir": run.model_dir,
+      "workdir": run.workdir,
+      **method.summary(rows),
   }
-  if cfg.method == "svs" and rows:
-    summary["synthetic_accepted_per_step"] = [r.get("svs_accepted", 0) for r in rows]
-    summary["synthetic_accepted_mean"] = round(
-        sum(summary["synthetic_accepted_per_step"]) / len(rows), 2)
-    if "svs_accepted_consistent" in rows[-1]:
-      summary["accepted_consistent_per_step"] = [r.get("svs_accepted_consistent", 0)
-                                                 for r in rows]
-    summary["buffer_types_per_step"] = [
-        [r.get("type1_groups", 0), r.get("type2_groups", 0), r.get("type3_groups", 0)]
-        for r in rows]
-  _json(os.path.join(workdir, "summary.json"), summary)
-  return summary
+  return _json(os.path.join(run.workdir, "summary.json"), summary)
+
+
+def _restore_method(method, meta) -> None:
+  # Checkpoints written before methods kept their own state stored only the data position.
+  method.restore(meta["method"] if "method" in meta else {"data": meta["data"]})
+  print(f"resumed {method.name} from step {meta['step']}")
+
+
+# ------------------------------------------------------------------------ run
+def run(cfg) -> dict:
+  """Runs (or resumes) the experiment described by an ml_collections config."""
+  t_start = time.time()
+  r = setup(cfg)
+  reward_cfg = settings.frozen(RewardConfig, cfg.reward)
+  method = methods.make(cfg, r.prompts(r.data.train, "train"))
+  with RewardPool(workers=cfg.reward_workers, timeout_s=reward_cfg.timeout_s) as pool:
+    score = evaluation.score_fn(pool, reward_cfg)
+    # Evaluation counts correct answers only, with general (not integer-only) matching.
+    eval_score = evaluation.score_fn(pool, dataclasses.replace(
+        reward_cfg, integer_answers=False, format_bonus=0.0))
+    start_dir = warm_start(r)
+    model_cfg = model_lib.ModelConfig.from_hf(start_dir)
+    lc = settings.frozen(learner.LearnerConfig, cfg.rl.learner)
+    mngr, state, meta = checkpoint.restore_or_init(
+        os.path.join(r.workdir, "checkpoints"), model_cfg, lc, r.mesh,
+        lambda: model_lib.load_hf(start_dir, mesh=r.mesh)[1], seed=cfg.seed,
+        keep=cfg.checkpoint.keep)
+    if meta is not None:
+      _restore_method(method, meta)
+    sampler = make_sampler(r, model_cfg, state.params)
+    if "eval_before" not in r.progress:
+      r.progress["eval_before"] = evaluate(r, sampler, eval_score, "before_rl")
+      r.save_progress()
+    env = loop.StepEnv(sampler, score, rl=settings.frozen(loop.RLConfig, cfg.rl.loop),
+                       pad_id=r.pad_id, encode=r.encode, encode_task=r.encode_task,
+                       answer_of=r.data.answer_of)
+    update = learner.make_update_fn(model_cfg, lc, r.mesh)
+    state = train(r, state, update, mngr, method, env, eval_score)
+    mngr.close()
+    if r.progress.get("eval_after_step") != cfg.rl.steps:
+      r.progress["eval_after"] = evaluate(r, sampler, eval_score, "after_rl")
+      r.progress["eval_after_step"] = cfg.rl.steps
+      r.save_progress()
+    if cfg.export_hf:
+      checkpoint.export_hf(os.path.join(r.workdir, "policy"), model_cfg, state,
+                           tokenizer=r.tokenizer)
+  return write_summary(r, method, time.time() - t_start)

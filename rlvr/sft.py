@@ -17,17 +17,10 @@ import numpy as np
 def sft_arrays(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int,
                pad_id: int = 0) -> dict[str, np.ndarray]:
   """[rows, seq_len] right-padded prompt+completion; loss on completion tokens only."""
-  rows = len(pairs)
-  tokens = np.full((rows, seq_len), pad_id, np.int32)
-  seg = np.zeros((rows, seq_len), np.int32)
-  mask = np.zeros((rows, seq_len), np.float32)
-  for r, (p, c) in enumerate(pairs):
-    ids = (list(p) + list(c))[:seq_len]
-    tokens[r, :len(ids)] = ids
-    seg[r, :len(ids)] = 1
-    mask[r, len(p):len(ids)] = 1
-  return dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask,
-              advantages_b=np.ones((rows,), np.float32))
+  from rlvr.learner import pack_rows
+  arrays = pack_rows([(p, c, None) for p, c in pairs], len(pairs), seq_len, pad_id)
+  del arrays["sampler_logp_bt"]   # no sampler: no mismatch metrics
+  return dict(arrays, advantages_b=np.ones((len(pairs),), np.float32))
 
 
 def run_sft(state, update_fn, pairs, *, steps: int, batch_size: int, seq_len: int,
@@ -78,15 +71,13 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
   pairs = [(format_prompt(tok, p, instruction),
             tok.encode(c + tok.eos_token, add_special_tokens=False)) for p, c in pairs_text]
   if not pairs:
-    raise ValueError("train_sft: no (prompt, completion) pairs")
+    raise ValueError("train_sft: no (prompt, completion) pairs; give rows with a worked "
+                     "`solution` (config: data.sft_path) or skip SFT (sft.steps=0)")
   seq_len = -(-max(len(p) + len(c) for p, c in pairs) // 16) * 16
-  m_cfg, params = model_lib.load_hf(model_dir, mesh=mesh)
-  mngr = checkpoint.manager(os.path.join(workdir, "checkpoints"), keep=keep)
-  if mngr.latest_step() is not None:
-    state, _ = checkpoint.restore(mngr, checkpoint.abstract_state(m_cfg, learner_cfg, mesh))
-  else:
-    state = learner.init_state(m_cfg, learner_cfg, params, mesh, jax.random.PRNGKey(seed))
-  del params
+  m_cfg = model_lib.ModelConfig.from_hf(model_dir)
+  mngr, state, _ = checkpoint.restore_or_init(
+      os.path.join(workdir, "checkpoints"), m_cfg, learner_cfg, mesh,
+      lambda: model_lib.load_hf(model_dir, mesh=mesh)[1], seed=seed, keep=keep)
   start = int(jax.device_get(state.step))
   update = learner.make_update_fn(m_cfg, learner_cfg, mesh)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start, tensorboard=False)

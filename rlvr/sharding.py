@@ -8,9 +8,6 @@ import flax.linen as nn
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rlvr.model import decoder
-from rlvr.model.config import ModelConfig
-
 # (logical axis, mesh axis or axes). FSDP shards the embed dimension of every
 # weight; tensor parallelism splits heads, MLP and vocab.
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -39,11 +36,6 @@ def _fits(spec: PartitionSpec, shape: Sequence[int], mesh: jax.sharding.Mesh) ->
         size *= mesh.shape[name]
     out.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
   return PartitionSpec(*out)
-
-
-def param_shardings(config: ModelConfig, mesh: jax.sharding.Mesh, rules=None):
-  """NamedSharding pytree for the decoder parameters under `rules`."""
-  return tree_shardings(decoder.logical_axes(config), decoder.param_shapes(config), mesh, rules)
 
 
 MESH_AXES = ("data", "fsdp", "tensor")

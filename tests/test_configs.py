@@ -1,40 +1,110 @@
-"""Every experiment config loads and freezes into the library's validated dataclasses."""
+"""Every shipped config loads, freezes into the library's dataclasses, and takes a
+command-line override of every base key; a mistyped key is an error naming it."""
 
 from __future__ import annotations
 
 import importlib
+import os
 
+import ml_collections
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
-from rlvr import evaluation, learner, loop, runner
+from rlvr import evaluation, learner, loop, methods, settings
 from rlvr.rewards import RewardConfig
 from synthesis import svs
 
-CONFIGS = ["tiny", "tiny_rlvr", "rlvr_dapo17k_qwen25_32b", "rlvr_math12k_qwen25_3b",
-           "rlvr_math12k_qwen3_4b", "svs_dapo17k_qwen25_32b", "svs_math12k_qwen25_3b",
-           "svs_math12k_llama31_8b"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
+                 if f.endswith(".py") and f not in ("__init__.py", "base.py"))
+
+
+def _load(name: str, *overrides: str) -> ml_collections.ConfigDict:
+  """The config as launch/train.py builds it from `--config=... --config.x=...`."""
+  argv = ["train", f"--config={os.path.join(REPO, 'configs', name + '.py')}", *overrides]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  return fv.config
+
+
+def _leaves(c: ml_collections.ConfigDict, prefix=""):
+  for k in c.keys():
+    v = c[k] if not isinstance(c._fields[k], ml_collections.FieldReference) else c._fields[k]
+    if isinstance(v, ml_collections.ConfigDict):
+      yield from _leaves(v, f"{prefix}{k}.")
+    else:
+      yield f"{prefix}{k}", v
+
+
+def _other_value(ref):
+  """A different value of the field's type, as command-line text and as Python."""
+  value = ref.get() if isinstance(ref, ml_collections.FieldReference) else ref
+  kind = ref.get_type() if isinstance(ref, ml_collections.FieldReference) else type(value)
+  if kind is bool:
+    return str(not value), (not value)
+  if kind is int:
+    return str(value + 1), value + 1
+  if kind is float:
+    new = 0.5 if value is None or value == 0 else value / 2
+    return repr(new), new
+  if kind is str:
+    return value, value        # strings are often names a section validates; same value
+  if kind in (tuple, list):
+    return None, None
+  raise AssertionError(f"no override rule for {kind}")
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_config_freezes(name):
+def test_config_freezes_and_names_its_method(name):
   c = importlib.import_module(f"configs.{name}").get_config()
-  runner._frozen(loop.RLConfig, c.rl.loop)
-  runner._frozen(learner.LearnerConfig, c.rl.learner)
-  runner._frozen(learner.LearnerConfig, c.sft.learner)
-  runner._frozen(svs.SvSConfig, c.svs)
-  runner._frozen(RewardConfig, c.reward)
-  runner._frozen(evaluation.EvalConfig, c.eval.sampling)
-  assert c.method in ("rlvr", "svs")
+  settings.frozen(loop.RLConfig, c.rl.loop)
+  settings.frozen(learner.LearnerConfig, c.rl.learner)
+  settings.frozen(learner.LearnerConfig, c.sft.learner)
+  settings.frozen(svs.SvSConfig, c.svs)
+  settings.frozen(RewardConfig, c.reward)
+  settings.frozen(evaluation.EvalConfig, c.eval.sampling)
+  assert c.method in methods.KNOWN
+  for path in c.data.eval_paths:   # what a config names ships in the repo
+    assert os.path.exists(path) and os.path.abspath(path).startswith(REPO), path
+  assert not c.data.train_path.startswith("..")
 
 
-@pytest.mark.parametrize("ablation", ["naive", "asp", "eup", "keep02", "tiny_eup"])
-def test_svs_ablations(ablation):
-  from configs import svs_ablations
-  c = svs_ablations.get_config(ablation)
-  cfg = runner._frozen(svs.SvSConfig, c.svs)
-  assert cfg != svs.SvSConfig(syntheses_per_solution=cfg.syntheses_per_solution)
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_base_key_overrides_from_the_command_line(name):
+  from configs import base
+  base_keys = dict(_leaves(base.get_config()))
+  shipped = dict(_leaves(_load(name)))
+  assert set(base_keys) <= set(shipped), sorted(set(base_keys) - set(shipped))
+  argv, want = [], {}
+  for key in base_keys:
+    text, value = _other_value(shipped[key])
+    if text is not None:
+      argv.append(f"--config.{key}={text}")
+      want[key] = value
+  c = _load(name, *argv)
+  for key, value in want.items():
+    got = c
+    for part in key.split("."):
+      got = got[part]
+    assert got == value, key
+  assert len(want) > 100
+
+
+def test_a_mistyped_key_is_an_error_naming_it():
+  with pytest.raises(AttributeError, match="micro_batchs.*Did you mean.*micro_batches"):
+    _load("tiny", "--config.rl.learner.micro_batchs=4")
+
+
+def test_svs_ablation_arguments():
+  for ablation in ("naive", "asp", "eup", "keep02", "tiny_eup"):
+    c = importlib.import_module("configs.svs_ablations").get_config(ablation)
+    cfg = settings.frozen(svs.SvSConfig, c.svs)
+    assert cfg != svs.SvSConfig(syntheses_per_solution=cfg.syntheses_per_solution)
 
 
 def test_unknown_field_is_named():
   with pytest.raises(ValueError, match=r"RLConfig: unknown config fields \['batch'\]"):
-    runner._frozen(loop.RLConfig, {"batch": 3})
+    settings.frozen(loop.RLConfig, {"batch": 3})

@@ -1,4 +1,6 @@
-"""The RL step: dynamic sampling, batch layout, one step with each sampler, resume."""
+"""The RL step: dynamic sampling, batch layout, one step with each sampler, and a
+method defined only in this test folder (tests/counting_method.py) run by the runner,
+killed and resumed with its own state."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlvr import learner, loop, model, sharding
+from rlvr.methods import plain
 from rlvr.sampling import JaxSampler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,26 +42,30 @@ def tiny(tiny_dirs):
 
 RL = loop.RLConfig(prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8,
                    max_extra_rounds=2)
-PROMPTS = [[5 + i, 6 + i, 7 + i] for i in range(64)]
-ANSWERS = ["0"] * 64
+PROMPTS = [loop.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
 
 
 def _draw():
   state = {"i": 0}
 
   def draw(k):
-    out = [(state["i"] + j) % len(PROMPTS) for j in range(k)]
+    out = [PROMPTS[(state["i"] + j) % len(PROMPTS)] for j in range(k)]
     state["i"] += k
     return out
   return draw, state
+
+
+def _env(sampler, tok, score_fn):
+  enc = lambda text: tok.encode(text)
+  return loop.StepEnv(sampler, score_fn, rl=RL, pad_id=tok.pad_token_id, encode=enc,
+                      encode_task=enc)
 
 
 def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   cfg, params, tok = tiny
   sampler = JaxSampler(cfg, params, tok)
   draw, state = _draw()
-  kept, sampled, rounds = loop.gather_groups(sampler, draw, PROMPTS, ANSWERS, first_token_even,
-                                             RL, step=0)
+  kept, sampled, rounds = loop.gather_groups(_env(sampler, tok, first_token_even), draw, step=0)
   assert len(kept) == RL.prompts_per_step
   assert all(g.mixed for g in kept)
   assert len(sampled) == state["i"] >= len(kept)
@@ -69,8 +76,8 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   adv = arrays["advantages_b"].reshape(RL.prompts_per_step, RL.group_size)
   np.testing.assert_allclose(adv.mean(axis=1), 0, atol=1e-6)
   for r, (g, c) in enumerate((g, c) for g in kept for c in g.completions):
-    p = len(g.prompt_ids)
-    assert list(arrays["tokens_bt"][r, :p]) == g.prompt_ids
+    p = len(g.prompt.ids)
+    assert tuple(arrays["tokens_bt"][r, :p]) == g.prompt.ids
     assert arrays["loss_mask_bt"][r, :p].sum() == 0
     assert arrays["loss_mask_bt"][r].sum() == len(c.token_ids)
     np.testing.assert_allclose(arrays["sampler_logp_bt"][r, p:p + len(c.token_ids)], c.logprobs)
@@ -81,8 +88,7 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
   draw, state = _draw()
   with pytest.raises(loop.NoSignalError, match=r"no group with mixed rewards.*3 rounds.*"
                                                r"solve_all 100%"):
-    loop.gather_groups(JaxSampler(cfg, params, tok), draw, PROMPTS, ANSWERS, always_right,
-                       RL, step=0)
+    loop.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_right), draw, step=0)
   # bounded: 4 prompts, then 2 x 8 over-sampled prompts
   assert state["i"] == 4 + 8 + 8
 
@@ -94,16 +100,15 @@ def test_one_step_with_jax_sampler_updates_and_syncs(tiny):
   state = learner.init_state(cfg, lc, params, mesh)
   update = learner.make_update_fn(cfg, lc, mesh)
   sampler = JaxSampler(cfg, params, tok)
-  draw, _ = _draw()
   to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
-  state, m = loop.rl_step(state, update, sampler, draw, PROMPTS, ANSWERS, first_token_even,
-                          RL, 0, to_batch, tok.pad_token_id)
+  state, m = loop.rl_step(state, update, plain.Plain(PROMPTS, seed=0),
+                          _env(sampler, tok, first_token_even), 0, to_batch)
   assert int(state.step) == 1 and sampler.version == 1
   assert sampler._params is state.params
   for key in ("reward_mean", "accuracy", "solve_all", "solve_none", "entropy",
               "response_len_mean", "response_len_max", "truncated_frac", "clip_frac_low",
               "clip_frac_high", "grad_norm", "mismatch_abs", "tokens_per_s", "time_sample",
-              "time_score", "time_update", "time_sync"):
+              "time_score", "time_buffer", "time_update", "time_sync", "time_step"):
     assert key in m and np.isfinite(m[key]), key
   assert m["groups_kept"] == 4 and m["mismatch_abs"] < 1e-4  # same weights sampled and learned
 
@@ -118,11 +123,10 @@ def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir,
   update = learner.make_update_fn(cfg, lc, mesh)
   sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=tok.eos_token_id,
                         sync_dir=str(tmp_path / "sync"))
-  draw, _ = _draw()
   to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
   try:
-    state, m = loop.rl_step(state, update, sampler, draw, PROMPTS, ANSWERS, first_token_even,
-                            RL, 0, to_batch, tok.pad_token_id)
+    state, m = loop.rl_step(state, update, plain.Plain(PROMPTS, seed=0),
+                            _env(sampler, tok, first_token_even), 0, to_batch)
     assert sampler.version == 1 and m["groups_kept"] == 4
     assert m["mismatch_abs"] < 1e-3  # vLLM's logprobs vs the learner's, before the update
     info = sampler._session().get(vllm_server.url + "/weight_info").json()
@@ -145,8 +149,11 @@ def _train(workdir, *flags):
          f"--workdir={workdir}", "--config.sft.steps=30", "--config.sft.learner.total_steps=30",
          "--config.data.arithmetic.n_heldout=32", "--config.eval.sampling.n=2",
          "--config.rl.loop.dynamic_sampling=False", "--config.rl.loop.prompts_per_step=4",
-         "--config.checkpoint.every=2", "--config.export_hf=False", *flags]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+         "--config.checkpoint.every=2", "--config.export_hf=False",
+         "--config.method=counting_method:make", *flags]
+  # The method lives in tests/, not in rlvr/: the seam needs no library edit.
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), REPO]))
   out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   return [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
@@ -156,14 +163,20 @@ _TIMING = ("time_", "tokens_per_s")
 
 
 @pytest.mark.slow
-def test_resume_after_kill_repeats_the_uninterrupted_run(tmp_path):
+def test_method_from_outside_the_library_resumes_with_its_own_state(tmp_path):
   full = _train(str(tmp_path / "full"), "--config.rl.steps=4")
   # "killed" after step 2: the first invocation stops there (its checkpoint at 2 is the
-  # last thing it wrote for GRPO); the rerun of the same command resumes.
+  # last thing it wrote for RL); the rerun of the same command resumes.
   _train(str(tmp_path / "cut"), "--config.rl.steps=2")
   resumed = _train(str(tmp_path / "cut"), "--config.rl.steps=4")
   assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+  # The method's own counter and data position continue where the first invocation stopped.
+  assert [r["counting_calls"] for r in resumed] == [1, 2, 3, 4]
+  assert [r["counting_position"] for r in resumed] == [4, 8, 12, 16]
   for a, b in zip(full[2:], resumed[2:]):
     for k in a:
       if not k.startswith(_TIMING):
         assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
+  summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
+  assert summary["method"] == "counting" and summary["counting_total_calls"] == 4
+  assert (tmp_path / "cut" / "counting.png").exists()

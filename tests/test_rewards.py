@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlvr import rewards
-from rlvr.rewards import RewardConfig, RewardPool
+from rlvr.rewards import RewardConfig, RewardPool, equivalence
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "math_aime_eval.parquet"
 QBQ = RewardConfig(integer_answers=True, format_bonus=0.1)
@@ -310,7 +310,7 @@ def test_throughput_rl_sized_batch(pool, eval_rows):
       j = i if k % 2 == 0 else (i + 37 * k + 1) % len(rows)
       responses.append(solutions[j])
       answers.append(gold)
-      expect.append(rewards._squash(golds[j]) == rewards._squash(gold) or j == i)
+      expect.append(equivalence._squash(golds[j]) == equivalence._squash(gold) or j == i)
   start = time.monotonic()
   res = pool.score(responses, answers)
   elapsed = time.monotonic() - start

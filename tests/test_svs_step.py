@@ -1,4 +1,5 @@
-"""One SvS step end to end on the tiny model, with JaxSampler and with the vLLM server."""
+"""One SvS step (rlvr.methods.svs through loop.rl_step) on the tiny model, with
+JaxSampler and with the vLLM server."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlvr import learner, loop, model, sharding, svs_step
+from rlvr import learner, loop, model, sharding
 from rlvr.data import format_prompt
+from rlvr.methods import svs as svs_method
 from rlvr.rewards import RewardConfig, RewardPool
 from rlvr.sampling import JaxSampler
 from rlvr.tasks import arithmetic
@@ -26,25 +28,23 @@ RL = loop.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=16, max_resp
 SVS = svs.SvSConfig(syntheses_per_solution=4)
 
 
-def _run(sampler, cfg, params, tok):
+def _step(sampler, cfg, params, tok, prompts, score_fn, rl, svs_cfg, lr, **kw):
+  """One rl_step of the SvS method over `prompts` (drawn in a seeded shuffle)."""
   mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  lc = learner.LearnerConfig(learning_rate=1e-3)
+  lc = learner.LearnerConfig(learning_rate=lr)
   state = learner.init_state(cfg, lc, params, mesh)
   update = learner.make_update_fn(cfg, lc, mesh)
-  prompts = [[5 + i, 6 + i, 7 + i, 8 + i] for i in range(16)]
-  pos = {"i": 0}
-
-  def draw(k):
-    out = list(range(pos["i"], pos["i"] + k))
-    pos["i"] += k
-    return out
-
+  enc = lambda text: format_prompt(tok, text, "")
+  env = loop.StepEnv(sampler, score_fn, rl=rl, pad_id=tok.pad_token_id, encode=enc,
+                     encode_task=enc, **kw.pop("env", {}))
+  method = svs_method.SvS(prompts, 0, svs_cfg, **kw)
   to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
-  enc_task = lambda text: format_prompt(tok, text, "")
-  enc_problem = lambda text: format_prompt(tok, text, "")
-  state, m = svs_step.svs_step(state, update, sampler, draw, prompts, ["0"] * 16, enc_problem,
-                               enc_task, one_in_three, RL, SVS, 0, to_batch, tok.pad_token_id)
-  return state, m
+  return loop.rl_step(state, update, method, env, 0, to_batch)
+
+
+def _run(sampler, cfg, params, tok):
+  prompts = [loop.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
+  return _step(sampler, cfg, params, tok, prompts, one_in_three, RL, SVS, 1e-3)
 
 
 def _check(state, m, svs_cfg=SVS):
@@ -116,17 +116,10 @@ ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)   # the paper's G_v
 
 
 def _arithmetic_step(sampler, cfg, params, tok, problems, score_fn):
-  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  lc = learner.LearnerConfig(learning_rate=1e-4)
-  state = learner.init_state(cfg, lc, params, mesh)
-  update = learner.make_update_fn(cfg, lc, mesh)
   enc = lambda text: format_prompt(tok, text, "")
-  to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
-  draw = lambda k: list(range(k))
-  return svs_step.svs_step(
-      state, update, sampler, draw, [enc(p.problem) for p in problems],
-      [p.answer for p in problems], enc, enc, score_fn, ARITH_RL, ARITH_SVS, 0, to_batch,
-      tok.pad_token_id, template=arithmetic.INVERSE_TEMPLATE, true_answer=arithmetic.answer_of)
+  prompts = [loop.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems]
+  return _step(sampler, cfg, params, tok, prompts, score_fn, ARITH_RL, ARITH_SVS, 1e-4,
+               template=arithmetic.INVERSE_TEMPLATE, env={"answer_of": arithmetic.answer_of})
 
 
 def _check_all_types(state, m):

@@ -22,6 +22,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from rlvr import sharding
 from rlvr.model.config import ModelConfig, RopeScaling
 
 Params = Any
@@ -315,6 +316,11 @@ def logical_axes(config: ModelConfig) -> Params:
 def param_shapes(config: ModelConfig, param_dtype=jnp.float32) -> Params:
   """ShapeDtypeStruct pytree of the parameters, without allocating them."""
   return nn.unbox(jax.eval_shape(lambda: init_boxed(config, jax.random.key(0), param_dtype)))
+
+
+def param_shardings(config: ModelConfig, mesh: jax.sharding.Mesh, rules=None) -> Params:
+  """NamedSharding pytree for the parameters under `rules` (default `sharding.DEFAULT_RULES`)."""
+  return sharding.tree_shardings(logical_axes(config), param_shapes(config), mesh, rules)
 
 
 def count_params(config: ModelConfig) -> int:

@@ -189,8 +189,7 @@ def load_hf(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None,
   np_dtype = np.dtype(jnp.dtype(dtype))
   shardings = None
   if mesh is not None:
-    from rlvr import sharding  # local: sharding imports the model
-    shardings = sharding.param_shardings(config, mesh, rules)
+    shardings = decoder.param_shardings(config, mesh, rules)
   params: dict = {}
   items = active_rules(config)
   if progress:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlvr import sharding
 from rlvr.model import decoder
 from rlvr.model.config import ModelConfig
 from rlvr.sampling.types import Completion, SamplingParams
@@ -127,7 +128,6 @@ class JaxSampler:
   def _place(self, x):
     if self.mesh is None:
       return jnp.asarray(x)
-    from rlvr import sharding
     return jax.device_put(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
 
   def generate(self, prompt_token_ids: Sequence[Sequence[int]],

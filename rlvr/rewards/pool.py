@@ -1,4 +1,4 @@
-"""The hang-proof math-verify process pool behind `rlvr.rewards.score`.
+"""The hang-proof math-verify process pool: `RewardPool` and `score`.
 
 Workers start from a forkserver with math-verify imported (nothing is forked
 from a parent that holds JAX). Each item is reported as it finishes, so an
@@ -22,12 +22,34 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rlvr.rewards import (RewardConfig, ScoreResult, _check_inputs, _quick_verdict, extract_answer, is_equivalent, is_well_formed)
+from rlvr.rewards.config import RewardConfig, ScoreResult
+from rlvr.rewards.equivalence import _quick_verdict, is_equivalent, is_well_formed
+from rlvr.rewards.extraction import extract_answer
 
 # Worker -> parent status codes.
 _WRONG, _RIGHT, _TIMEOUT, _ERROR = 0, 1, 2, 3
 # A worker gets this long to import math-verify (spawn start, loaded machine) before its first item.
 _STARTUP_LIMIT_S = 120.0
+
+
+def _check_inputs(responses: Sequence[str], answers: Sequence) -> list[str]:
+  """Reference answers as strings; clear errors for mismatched lengths and bad rows."""
+  if isinstance(responses, str) or isinstance(answers, str):
+    raise TypeError("responses, answers: expected sequences of strings, got a single str")
+  if len(responses) != len(answers):
+    raise ValueError(f"responses / answers: lengths differ ({len(responses)} vs {len(answers)})")
+  for i, r in enumerate(responses):
+    if not isinstance(r, str):
+      raise TypeError(f"responses[{i}]: expected str, got {type(r).__name__}")
+  golds = []
+  for i, a in enumerate(answers):
+    if isinstance(a, bool) or not isinstance(a, (str, int)):
+      raise TypeError(f"answers[{i}]: expected str or int, got {type(a).__name__}")
+    a = str(a).strip()
+    if not a:
+      raise ValueError(f"answers[{i}]: empty reference answer")
+    golds.append(a)
+  return golds
 
 
 def _worker_main(conn, judge: Callable) -> None:
@@ -102,7 +124,7 @@ class RewardPool:
     self._ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
       # Only takes effect if this interpreter's fork server is not running yet.
-      self._ctx.set_forkserver_preload(["rlvr.rewards", "math_verify"])
+      self._ctx.set_forkserver_preload(["rlvr.rewards.pool", "math_verify"])
     self._lock = threading.Lock()
     self._closed = False
     self.restarts = 0                                # workers replaced after a hang or a death

@@ -1,122 +1,19 @@
-"""Verifiable rewards: answer extraction, math-verify equivalence, a hang-proof pool.
+"""Answer equivalence: LaTeX normalisation, then math-verify.
 
-A response earns `correct` (1/0: its final answer matches the reference) plus
-`format_bonus` when it states a well-formed final answer (QbQ: 0.1 for a boxed
-integer). Extraction and string normalisation are pure functions that run in
-the caller; math-verify (sympy) runs in worker processes because a single
-pathological answer (`9^{9^{9^{9}}}`, `(10^8)!`) can hold a CPU for minutes and
-its own timeouts use `signal.alarm`, which works only in a process's main
-thread. `RewardPool` (rlvr/reward_pool.py) kills and replaces a worker whose
-item overruns its time (or that dies), scores that item 0, and carries on.
+Strings settle most pairs (identical, integer-normalised, cleaned, the same
+words); the rest go to math-verify (sympy), whose own `signal.alarm` timeouts
+work only in a process's main thread, so `is_equivalent` is meant to run in a
+`RewardPool` worker (rlvr/rewards/pool.py).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import re
 import time
-from typing import Sequence
 
-import numpy as np
-
-EXTRACTIONS = ("boxed", "answer_line")
-
-# ----------------------------------------------------------------------------
-# Answer extraction
-# ----------------------------------------------------------------------------
-
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-_THINK_END = "</think>"
-
-
-def _braced_group(text: str, start: int) -> tuple[str, int] | None:
-  """Content of the `{...}` group opening at text[start], by brace counting.
-
-  `\\{` and `\\}` are literal braces in LaTeX, so a backslash skips the next
-  character. Returns (content, index after the closing brace) or None when
-  the group never closes (a truncated response).
-  """
-  depth = 0
-  i = start
-  while i < len(text):
-    ch = text[i]
-    if ch == "\\":
-      i += 2
-      continue
-    if ch == "{":
-      depth += 1
-    elif ch == "}":
-      depth -= 1
-      if depth == 0:
-        return text[start + 1:i], i + 1
-    i += 1
-  return None
-
-
-def extract_boxed(text: str) -> str | None:
-  r"""Content of the LAST `\boxed{...}` / `\fbox{...}` (or `\boxed 5`), else None.
-
-  Only the last box counts: a model that boxes several candidates is judged
-  by its final one. An unbalanced last box (cut off by the length limit) is
-  None, not an earlier box, so a truncated response never scores.
-  """
-  matches = list(_BOX_RE.finditer(text))
-  if not matches:
-    return None
-  rest = matches[-1].end()
-  stripped = text[rest:].lstrip()
-  if stripped.startswith("{"):
-    group = _braced_group(text, len(text) - len(stripped))
-    return None if group is None else group[0].strip()
-  if rest < len(text) and text[rest] in " \t":   # `\boxed 5`: one token
-    token = re.match(r"[^\s$]+", stripped)
-    return token.group(0).rstrip(".,;") if token else None
-  return None
-
-
-_ANSWER_LINE_RE = re.compile(r"^[ \t>#*_]*answer[ \t*_]*:[ \t*_]*(.*?)[ \t*_]*$",
-                             re.IGNORECASE | re.MULTILINE)
-
-
-def extract_answer_line(text: str) -> str | None:
-  """Value of the last `Answer: ...` line (DAPO's output format), else None.
-
-  Markdown emphasis around the label is tolerated (`**Answer:** 5`); `$`
-  delimiters and a trailing period are removed; a boxed value is unboxed.
-  """
-  matches = _ANSWER_LINE_RE.findall(text)
-  if not matches:
-    return None
-  value = matches[-1].strip()
-  boxed = extract_boxed(value)
-  if boxed is not None:
-    return boxed
-  value = value.rstrip(".").strip()
-  if value.startswith("$") and value.endswith("$"):
-    value = value.strip("$").strip()
-  elif value.startswith("\\(") and value.endswith("\\)"):
-    value = value[2:-2].strip()
-  return value.rstrip(".").strip()
-
-
-def after_thinking(text: str) -> str:
-  """Text after the last `</think>`: reasoning models may box drafts while thinking."""
-  cut = text.rfind(_THINK_END)
-  return text if cut < 0 else text[cut + len(_THINK_END):]
-
-
-def extract_answer(text: str, mode: str = "boxed") -> str | None:
-  """Final answer of a response by `mode` ("boxed" | "answer_line"); None if absent or empty."""
-  if mode == "boxed":
-    answer = extract_boxed(after_thinking(text))
-  elif mode == "answer_line":
-    answer = extract_answer_line(after_thinking(text))
-  else:
-    raise ValueError(f"mode: unknown {mode!r}; expected one of {EXTRACTIONS}")
-  return answer or None
-
+from rlvr.rewards.extraction import _braced_group
 
 # ----------------------------------------------------------------------------
 # Normalisation
@@ -305,87 +202,8 @@ def is_equivalent(pred: str, gold: str, integer_answers: bool = False,
   return False
 
 
-# ----------------------------------------------------------------------------
-# Scoring
-# ----------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class RewardConfig:
-  """How responses are turned into rewards.
-
-  extraction: "boxed" (last `\\boxed{}`) or "answer_line" (last `Answer: ...`).
-  integer_answers: answers are integers (AIME, DAPO-17k): compare as integers,
-    and only an integer final answer counts as well-formed.
-  format_bonus: added to the reward when a well-formed answer is present (QbQ 0.1).
-  timeout_s: time one answer may spend in math-verify before it scores 0.
-  """
-  extraction: str = "boxed"
-  integer_answers: bool = False
-  format_bonus: float = 0.0
-  timeout_s: float = 5.0
-
-  def __post_init__(self):
-    if self.extraction not in EXTRACTIONS:
-      raise ValueError(f"RewardConfig.extraction: unknown {self.extraction!r}; "
-                       f"expected one of {EXTRACTIONS}")
-    if not isinstance(self.integer_answers, bool):
-      raise TypeError(f"RewardConfig.integer_answers: expected bool, got {self.integer_answers!r}")
-    if (isinstance(self.format_bonus, bool) or not isinstance(self.format_bonus, (int, float))
-        or not math.isfinite(self.format_bonus)):
-      raise ValueError(f"RewardConfig.format_bonus: expected a finite number, "
-                       f"got {self.format_bonus!r}")
-    if (isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float))
-        or not self.timeout_s > 0 or not math.isfinite(self.timeout_s)):
-      raise ValueError(f"RewardConfig.timeout_s: expected a positive finite number of seconds, "
-                       f"got {self.timeout_s!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class ScoreResult:
-  """Per-response scores of one `score` call.
-
-  rewards = correct + format_bonus * well_formed, except that an item that
-  timed out or crashed its worker scores 0 (correct and well_formed False).
-  timeouts / errors count those items.
-  """
-  rewards: np.ndarray
-  correct: np.ndarray
-  well_formed: np.ndarray
-  extracted: list
-  timeouts: int
-  errors: int
-
-
 def is_well_formed(extracted: str | None, integer_answers: bool) -> bool:
   """A final answer is present (and, for integer tasks, is an integer)."""
   if not extracted:
     return False
   return normalize_integer(extracted) is not None if integer_answers else True
-
-
-def _check_inputs(responses: Sequence[str], answers: Sequence) -> list[str]:
-  """Reference answers as strings; clear errors for mismatched lengths and bad rows."""
-  if isinstance(responses, str) or isinstance(answers, str):
-    raise TypeError("responses, answers: expected sequences of strings, got a single str")
-  if len(responses) != len(answers):
-    raise ValueError(f"responses / answers: lengths differ ({len(responses)} vs {len(answers)})")
-  for i, r in enumerate(responses):
-    if not isinstance(r, str):
-      raise TypeError(f"responses[{i}]: expected str, got {type(r).__name__}")
-  golds = []
-  for i, a in enumerate(answers):
-    if isinstance(a, bool) or not isinstance(a, (str, int)):
-      raise TypeError(f"answers[{i}]: expected str or int, got {type(a).__name__}")
-    a = str(a).strip()
-    if not a:
-      raise ValueError(f"answers[{i}]: empty reference answer")
-    golds.append(a)
-  return golds
-
-
-def __getattr__(name):
-  # The pool lives in rlvr.reward_pool; `rewards.RewardPool` / `rewards.score` stay valid.
-  if name in ("RewardPool", "score"):
-    from rlvr import reward_pool
-    return getattr(reward_pool, name)
-  raise AttributeError(f"module 'rlvr.rewards' has no attribute {name!r}")

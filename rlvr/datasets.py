@@ -1,0 +1,58 @@
+"""What a run trains and evaluates on: dataset files, or a procedural task.
+
+`prepare(cfg.data, seed)` returns the SFT pairs, the RL training examples
+and the eval sets as one `RunData`, whatever their origin, so the runner
+never knows which task it runs. A procedural task can also compute the exact
+answer of any problem text (`answer_of`), which methods may log as a
+diagnostic; files cannot, and leave it None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable
+
+from rlvr import data as data_lib
+from rlvr.tasks import arithmetic
+
+KINDS = ("files", "arithmetic")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+  sft_pairs: list[tuple[str, str]]            # (problem text, worked solution text)
+  train: list[data_lib.Example]               # RL problems with reference answers
+  evals: dict[str, list[data_lib.Example]]    # eval set name -> problems
+  answer_of: Callable[[str], str | None] | None = None
+
+
+def _arithmetic(d, seed: int) -> RunData:
+  t = d.arithmetic
+  train, heldout = arithmetic.make_splits(t.n_sft + t.n_train, t.n_heldout, t.difficulty, seed,
+                                          max_operand=t.max_operand)
+  sft = [(p.problem, p.solution) for p in train[:t.n_sft]]
+  if t.inverse_pairs:
+    sft += [arithmetic.inverse_pair(p) for p in train[:t.n_sft]]
+  return RunData(sft, arithmetic.to_examples(train[t.n_sft:]),
+                 {"heldout": arithmetic.to_examples(heldout)}, arithmetic.answer_of)
+
+
+def _files(d) -> RunData:
+  if not d.train_path:
+    raise ValueError("data.train_path: required for data.kind='files' (parquet / jsonl / json)")
+  read = lambda path: list(data_lib.read_dataset(
+      path, problem_field=d.problem_field or None, answer_field=d.answer_field or None,
+      on_bad_row=d.on_bad_row))
+  evals = {os.path.splitext(os.path.basename(p))[0]: read(p) for p in d.eval_paths}
+  sft = [(e.problem, e.solution) for e in read(d.sft_path) if e.solution] if d.sft_path else []
+  return RunData(sft, read(d.train_path), evals)
+
+
+def prepare(d, seed: int) -> RunData:
+  """The run's data from its `data` config section."""
+  if d.kind == "arithmetic":
+    return _arithmetic(d, seed)
+  if d.kind == "files":
+    return _files(d)
+  raise ValueError(f"data.kind: unknown {d.kind!r}; expected one of {KINDS}")

@@ -1,0 +1,61 @@
+"""The contract every RL method meets, and the prompt pool most of them draw from.
+
+A method builds the data of one update; `rlvr.loop.rl_step` does the rest
+(batch, update, weight sync, timings) identically for all. A method is made
+by a factory `make(cfg, train) -> Method` from the run's ConfigDict (it reads
+and validates its own section) and the training prompts, and must carry in
+`state()` everything a resumed run needs to continue where it stopped (data
+position, curriculum stage, question bank); the runner stores that dict in the
+checkpoint metadata and hands it back to `restore`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence
+
+from rlvr.data import DataStream
+from rlvr.loop import Group, Prompt, StepEnv
+
+__all__ = ["Group", "Method", "Prompt", "PromptPool", "StepEnv"]
+
+
+class Method(Protocol):
+  """One RL method: the runner knows methods only through this."""
+
+  name: str                          # also the name of its plot, `<name>.png`
+  plot_keys: tuple[str, ...]         # metrics of its own plot; () for none
+  progress_keys: Mapping[str, str]   # progress-bar label -> metric key
+
+  def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
+    """The scored groups of one update (may be empty: the update is skipped) + metrics."""
+
+  def state(self) -> dict[str, Any]:
+    """JSON-able state that a resumed run needs."""
+
+  def restore(self, state: Mapping[str, Any]) -> None:
+    """Continues from a `state()` dict saved by an earlier invocation."""
+
+  def summary(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Fields this method adds to summary.json, from all metrics rows of the run."""
+
+
+class PromptPool:
+  """Endless seeded shuffles of a fixed list of prompts, resumable (`rlvr.data.DataStream`)."""
+
+  def __init__(self, prompts: Sequence[Prompt], seed: int):
+    if not prompts:
+      raise ValueError("PromptPool: no prompts to draw from")
+    self.prompts = list(prompts)
+    self.stream = DataStream(len(self.prompts), seed)
+
+  def draw(self, k: int) -> list[Prompt]:
+    return [self.prompts[i] for i in self.stream.next_indices(k)]
+
+  def state(self) -> dict[str, int]:
+    return self.stream.state()
+
+  def restore(self, state: Mapping[str, Any]) -> None:
+    if int(state["n"]) != len(self.prompts):
+      raise ValueError(f"PromptPool: checkpoint was written for {state['n']} prompts, this run "
+                       f"has {len(self.prompts)}; resume with the same data")
+    self.stream = DataStream.from_state(state)

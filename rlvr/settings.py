@@ -1,0 +1,58 @@
+"""Config sections <-> the library's frozen dataclasses: one place for every default.
+
+`section(cls)` makes a ConfigDict of every field of a dataclass with its
+default (Optional fields become typed placeholders, so `--config.x.y=...`
+works on them too); base configs build their sections with it and experiment
+configs override single fields. `frozen(cls, section)` turns a section back
+into the validated dataclass at the launch boundary, naming unknown fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Mapping
+
+import ml_collections
+
+
+def _optional_type(hint) -> type | None:
+  """T for `T | None` / Optional[T], else None."""
+  if typing.get_origin(hint) in (typing.Union, types.UnionType):
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) == 1 and type(None) in typing.get_args(hint):
+      return typing.get_origin(args[0]) or args[0]
+  return None
+
+
+def section(cls, **overrides) -> ml_collections.ConfigDict:
+  """ConfigDict of every field of dataclass `cls` at its default (plus overrides)."""
+  hints = typing.get_type_hints(cls)
+  c = ml_collections.ConfigDict()
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(overrides) - names)
+  if unknown:
+    raise ValueError(f"{cls.__name__}: unknown config fields {unknown}; known: {sorted(names)}")
+  for f in dataclasses.fields(cls):
+    value = overrides.get(f.name, f.default)
+    if value is dataclasses.MISSING:
+      raise ValueError(f"{cls.__name__}.{f.name}: has no default; pass it to section()")
+    inner = _optional_type(hints[f.name])
+    if value is None and inner is not None:
+      value = ml_collections.config_dict.placeholder(inner)
+    c[f.name] = value
+  return c
+
+
+def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict) -> Any:
+  """Config section -> frozen dataclass `cls`; unknown fields are named; lists become tuples."""
+  d = d.to_dict() if isinstance(d, ml_collections.ConfigDict) else dict(d)
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(d) - names)
+  if unknown:
+    raise ValueError(f"{cls.__name__}: unknown config fields {unknown}; known: {sorted(names)}")
+  for f in dataclasses.fields(cls):
+    if f.name in d and isinstance(d[f.name], list):
+      d[f.name] = tuple(d[f.name])
+  return cls(**d)

@@ -1,0 +1,123 @@
+"""The import structure DESIGN.md asks for, read from the source with `ast`:
+no import cycle, pure `synthesis/`, a model and sharding layer that know nothing
+of the trainer, a runner that knows methods only through `methods.make`, and
+nothing importing `launch/`."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("rlvr", "synthesis", "launch", "configs")
+
+
+def _modules() -> dict[str, str]:
+  """Dotted module name -> file path for every .py file of our packages."""
+  out = {}
+  for pkg in PACKAGES:
+    for root, _, files in os.walk(os.path.join(REPO, pkg)):
+      for f in files:
+        if f.endswith(".py"):
+          rel = os.path.relpath(os.path.join(root, f), REPO)[:-3].replace(os.sep, ".")
+          out[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(root, f)
+  return out
+
+
+MODULES = _modules()
+
+
+def _imports(path: str) -> set[str]:
+  """Every module this file imports, at any depth (function-level imports included):
+  `from a.b import c` counts as a.b.c when that is a module of ours, else as a.b."""
+  found = set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      for a in node.names:
+        sub = f"{node.module}.{a.name}"
+        found.add(sub if sub in MODULES else node.module)
+  return found
+
+
+GRAPH = {name: _imports(path) for name, path in MODULES.items()}
+
+
+def _ours(name: str) -> bool:
+  return name.split(".")[0] in PACKAGES
+
+
+def test_no_import_cycle():
+  edges = {m: {d for d in deps if d in MODULES and d != m} for m, deps in GRAPH.items()}
+  # A package's __init__ importing its own submodules is how packages work, not a cycle.
+  edges = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in edges.items()}
+  state, stack = {}, []
+
+  def visit(m):
+    state[m] = "open"
+    stack.append(m)
+    for d in sorted(edges[m]):
+      if state.get(d) == "open":
+        raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(d):] + [d]))
+      if d not in state:
+        visit(d)
+    stack.pop()
+    state[m] = "done"
+
+  for m in sorted(edges):
+    if m not in state:
+      visit(m)
+
+
+def _deps(prefix: str):
+  return {(m, d) for m, deps in GRAPH.items() if m == prefix or m.startswith(prefix + ".")
+          for d in deps}
+
+
+def test_synthesis_is_pure():
+  banned = ("jax", "flax", "optax", "orbax", "requests", "urllib", "http", "socket",
+            "transformers", "rlvr", "launch", "configs")
+  bad = {(m, d) for m, d in _deps("synthesis") if d.split(".")[0] in banned}
+  assert not bad, bad
+
+
+@pytest.mark.parametrize("layer,allowed", [
+    ("rlvr.model", ("rlvr.model", "rlvr.sharding")),
+    ("rlvr.sharding", ()),
+    ("rlvr.sampling", ("rlvr.sampling", "rlvr.model", "rlvr.sharding")),
+    ("rlvr.grpo", ()),
+])
+def test_lower_layers_import_nothing_above_them(layer, allowed):
+  bad = {(m, d) for m, d in _deps(layer)
+         if _ours(d) and d != "rlvr" and not any(d == a or d.startswith(a + ".") for a in allowed)}
+  assert not bad, bad
+
+
+def test_nothing_imports_launch():
+  bad = {(m, d) for m, deps in GRAPH.items() if not m.startswith("launch")
+         for d in deps if d.split(".")[0] == "launch"}
+  assert not bad, bad
+
+
+def test_runner_knows_no_task_synthesis_or_method():
+  deps = GRAPH["rlvr.runner"]
+  assert not {d for d in deps if d.startswith(("synthesis", "rlvr.tasks", "rlvr.methods."))}, deps
+  # methods.make is the only reader of cfg.method
+  readers = set()
+  for name, path in MODULES.items():
+    for node in ast.walk(ast.parse(open(path).read())):
+      if (isinstance(node, ast.Attribute) and node.attr == "method"
+          and isinstance(node.value, ast.Name) and node.value.id in ("cfg", "c", "config")
+          and isinstance(node.ctx, ast.Load)):
+        readers.add(name)
+  assert readers <= {"rlvr.methods", "configs.base"}, readers
+
+
+def test_no_module_level_getattr():
+  bad = [m for m, path in MODULES.items()
+         if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
+                for n in ast.parse(open(path).read()).body)]
+  assert not bad, bad
