@@ -1,7 +1,7 @@
 r"""pass@k / avg@n of a model on one or more eval sets, over sampling seeds.
 
   python -m launch.evaluate --model=workdir/tiny/policy \
-      --data=../shared/data/math_aime_eval.jsonl --n=8 --seeds=0,1,2 --max_tokens=1024
+      --data=data/math_aime_eval.jsonl --n=8 --seeds=0,1,2 --max_tokens=1024
 
 Writes eval.md (table), eval.csv, eval.json and pass_at_k.png into --workdir.
 Samples in-process with JaxSampler, or from vLLM servers with --vllm_urls.

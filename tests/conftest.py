@@ -61,3 +61,52 @@ def vllm_server(served_model_dir):
   print(f"\nvLLM server up at {server.url} after {server.startup_s:.1f}s")
   yield server
   server.stop()
+
+
+@pytest.fixture(scope="session")
+def one_device_learner():
+  """(model config, params, learning rate) -> (state, update, to_batch) on one CPU device."""
+  from rlvr import learner, sharding
+
+  def make(cfg, params, lr):
+    mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+    lc = learner.LearnerConfig(learning_rate=lr)
+    to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
+    return (learner.init_state(cfg, lc, params, mesh), learner.make_update_fn(cfg, lc, mesh),
+            to_batch)
+  return make
+
+
+@pytest.fixture(scope="session")
+def arithmetic_policy(tiny_dirs, tmp_path_factory):
+  """The test qwen2 model after 300 SFT steps on 300 worked solutions plus their
+  inverse pairs (as the embedded default's warm start): it solves some problems,
+  so some are underperforming, and turns solutions back into problems, so the
+  step sees synthesis and synthetic-solving groups. Same architecture and
+  tokenizer as the served model: the vLLM test pushes these weights."""
+  import jax
+  from rlvr import learner, sharding
+  from rlvr.sft import train_sft
+  from rlvr.tasks import arithmetic
+  train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
+  pairs = [(p.problem, p.solution) for p in train[:300]]
+  pairs += [arithmetic.inverse_pair(p) for p in train[:300]]
+  lc = learner.LearnerConfig(learning_rate=3e-3, weight_decay=0.0, lr_schedule="cosine",
+                             warmup_steps=20, total_steps=300, min_lr_ratio=0.1, dual_clip=None)
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  out = train_sft(tiny_dirs["qwen2"], pairs, str(tmp_path_factory.mktemp("svs_sft")),
+                  learner_cfg=lc, mesh=mesh, steps=300, batch_size=32, progress=False)
+  return out, train[300:]
+
+
+@pytest.fixture(scope="session")
+def arithmetic_score():
+  """The real math-verify scorer with integer answers: (texts, golds) -> (rewards, correct)."""
+  from rlvr.rewards import RewardConfig, RewardPool
+  with RewardPool(workers=1) as pool:
+    rc = RewardConfig(integer_answers=True)
+
+    def fn(texts, golds):
+      res = pool.score(texts, golds, rc)
+      return res.rewards, res.correct
+    yield fn

@@ -34,8 +34,8 @@ def test_embedded_default_runs_end_to_end(tmp_path):
   for r in rows:   # every synthesis is accepted or rejected for exactly one reason
     assert r["svs_syntheses"] == (r["svs_accepted"] + r["svs_too_easy"] + r["svs_too_hard"]
                                   + r["svs_unparseable"])
-    assert [r["type1_groups"], r["type2_groups"], r["type3_groups"]] in summary[
-        "buffer_types_per_step"]
+  assert summary["buffer_types_per_step"] == [
+      {f"type{t}": r[f"type{t}_groups"] for t in (1, 2, 3)} for r in rows]
   for name in ("training.png", "svs.png", "eval_before_rl/eval.md", "eval_after_rl/pass_at_k.png",
                "eval_after_rl/eval.csv", "policy/config.json", "policy/model.safetensors",
                "sft/model/config.json", "sft/metrics.jsonl"):

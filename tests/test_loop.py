@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlvr import learner, loop, model, sharding
+from rlvr import loop, model
 from rlvr.methods import plain
 from rlvr.sampling import JaxSampler
 
@@ -93,14 +93,10 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
   assert state["i"] == 4 + 8 + 8
 
 
-def test_one_step_with_jax_sampler_updates_and_syncs(tiny):
+def test_one_step_with_jax_sampler_updates_and_syncs(tiny, one_device_learner):
   cfg, params, tok = tiny
-  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  lc = learner.LearnerConfig(learning_rate=1e-3)
-  state = learner.init_state(cfg, lc, params, mesh)
-  update = learner.make_update_fn(cfg, lc, mesh)
+  state, update, to_batch = one_device_learner(cfg, params, 1e-3)
   sampler = JaxSampler(cfg, params, tok)
-  to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
   state, m = loop.rl_step(state, update, plain.Plain(PROMPTS, seed=0),
                           _env(sampler, tok, first_token_even), 0, to_batch)
   assert int(state.step) == 1 and sampler.version == 1
@@ -113,17 +109,14 @@ def test_one_step_with_jax_sampler_updates_and_syncs(tiny):
   assert m["groups_kept"] == 4 and m["mismatch_abs"] < 1e-4  # same weights sampled and learned
 
 
-def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir, tmp_path):
+def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir, tmp_path,
+                                                   one_device_learner):
   from rlvr.sampling.vllm_sampler import VLLMSampler
   cfg, params = model.load_hf(served_model_dir)
   tok = AutoTokenizer.from_pretrained(served_model_dir)
-  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  lc = learner.LearnerConfig(learning_rate=1e-2)
-  state = learner.init_state(cfg, lc, params, mesh)
-  update = learner.make_update_fn(cfg, lc, mesh)
+  state, update, to_batch = one_device_learner(cfg, params, 1e-2)
   sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=tok.eos_token_id,
                         sync_dir=str(tmp_path / "sync"))
-  to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
   try:
     state, m = loop.rl_step(state, update, plain.Plain(PROMPTS, seed=0),
                             _env(sampler, tok, first_token_even), 0, to_batch)

@@ -9,12 +9,11 @@ import os
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlvr import learner, loop, methods, model, sharding
+from rlvr import loop, methods, model
 from rlvr.data import format_prompt
 from rlvr.methods import plain, svs as svs_method
 from rlvr.sampling import JaxSampler
@@ -22,8 +21,9 @@ from synthesis import svs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
-# Recorded with the code before the methods seam (rl_step / svs_step of commit fcf1da2),
-# same tiny model, prompts, rewards and seeds as below; timings left out.
+# Recorded with the code before the methods seam (rl_step / svs_step of commit fcf1da2)
+# under this conftest (8 fake CPU devices), same tiny models, prompts, rewards and seeds
+# as below; timings left out.
 BEFORE = os.path.join(TESTS, "data", "method_steps_before_seam.json")
 
 
@@ -51,17 +51,13 @@ class Sequential:
     return out
 
 
-def run_steps(tiny_dir, method, rl, score_fn, steps=3):
-  cfg, params = model.load_hf(tiny_dir)
-  tok = AutoTokenizer.from_pretrained(tiny_dir)
-  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  lc = learner.LearnerConfig(learning_rate=1e-3)
-  state = learner.init_state(cfg, lc, params, mesh)
-  update = learner.make_update_fn(cfg, lc, mesh)
+def run_steps(make_learner, model_dir, method, rl, score_fn, steps=3, lr=1e-3, answer_of=None):
+  cfg, params = model.load_hf(model_dir)
+  tok = AutoTokenizer.from_pretrained(model_dir)
+  state, update, to_batch = make_learner(cfg, params, lr)
   enc = lambda text: format_prompt(tok, text, "")
   env = loop.StepEnv(JaxSampler(cfg, params, tok), score_fn, rl=rl, pad_id=tok.pad_token_id,
-                     encode=enc, encode_task=enc)
-  to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
+                     encode=enc, encode_task=enc, answer_of=answer_of)
   rows = []
   for step in range(steps):
     state, m = loop.rl_step(state, update, method, env, step, to_batch)
@@ -70,6 +66,8 @@ def run_steps(tiny_dir, method, rl, score_fn, steps=3):
 
 
 def _same(before, after):
+  """Every recorded metric again; floats to 1e-5 relative (the SvS buffer's padded length
+  is no longer rounded up to a power of two, which moves learner floats by ~1e-7)."""
   for step, (b, a) in enumerate(zip(before, after)):
     for k, v in b.items():
       assert k in a, (step, k)
@@ -83,23 +81,44 @@ def _prompts(n, length):
   return [loop.Prompt(tuple(range(5 + i, 5 + i + length)), "0") for i in range(n)]
 
 
-def test_plain_grpo_metrics_match_the_recorded_run(tiny_dirs):
+def test_plain_grpo_metrics_match_the_recorded_run(tiny_dirs, one_device_learner):
   before = json.load(open(BEFORE))["plain"]
   rl = loop.RLConfig(prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8,
                      max_extra_rounds=2)
   method = plain.Plain(_prompts(64, 3), seed=0)
   method.pool = Sequential(method.pool.prompts)
-  after = run_steps(tiny_dirs["qwen2"], method, rl, first_token_even)
+  after = run_steps(one_device_learner, tiny_dirs["qwen2"], method, rl, first_token_even)
   _same(before, after)
   assert [r["skipped_update"] for r in after] == [0, 0, 0]
 
 
-def test_svs_metrics_match_the_recorded_run(tiny_dirs):
+def test_svs_metrics_match_the_recorded_run(tiny_dirs, one_device_learner):
   before = json.load(open(BEFORE))["svs"]
   rl = loop.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=16, max_response_len=12)
   method = svs_method.SvS(_prompts(64, 4), 0, svs.SvSConfig(syntheses_per_solution=4))
   method.pool = Sequential(method.pool.prompts)
-  after = run_steps(tiny_dirs["qwen2"], method, rl, one_in_three)
+  after = run_steps(one_device_learner, tiny_dirs["qwen2"], method, rl, one_in_three)
+  _same(before, after)
+
+
+def test_svs_on_a_policy_that_synthesizes_matches_the_recorded_run(arithmetic_policy,
+                                                                   arithmetic_score,
+                                                                   one_device_learner):
+  """All three data types (the SFT'd arithmetic policy, real math-verify), two steps."""
+  from rlvr.tasks import arithmetic
+  before = json.load(open(BEFORE))["svs_arithmetic"]
+  policy_dir, problems = arithmetic_policy
+  tok = AutoTokenizer.from_pretrained(policy_dir)
+  enc = lambda text: format_prompt(tok, text, "")
+  rl = loop.RLConfig(prompts_per_step=32, group_size=8, max_prompt_len=48, max_response_len=40,
+                     seed=3)
+  method = svs_method.SvS([loop.Prompt(tuple(enc(p.problem)), p.answer, p.problem)
+                           for p in problems], 0, svs.SvSConfig(syntheses_per_solution=8),
+                          template=arithmetic.INVERSE_TEMPLATE)
+  method.pool = Sequential(method.pool.prompts)
+  after = run_steps(one_device_learner, policy_dir, method, rl, arithmetic_score, steps=2,
+                    lr=1e-4, answer_of=arithmetic.answer_of)
+  assert all(r["type2_groups"] and r["type3_groups"] for r in after)
   _same(before, after)
 
 

@@ -3,15 +3,13 @@ JaxSampler and with the vLLM server."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlvr import learner, loop, model, sharding
+from rlvr import loop, model
 from rlvr.data import format_prompt
 from rlvr.methods import svs as svs_method
-from rlvr.rewards import RewardConfig, RewardPool
 from rlvr.sampling import JaxSampler
 from rlvr.tasks import arithmetic
 from synthesis import svs
@@ -28,23 +26,19 @@ RL = loop.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=16, max_resp
 SVS = svs.SvSConfig(syntheses_per_solution=4)
 
 
-def _step(sampler, cfg, params, tok, prompts, score_fn, rl, svs_cfg, lr, **kw):
+def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cfg, lr, **kw):
   """One rl_step of the SvS method over `prompts` (drawn in a seeded shuffle)."""
-  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  lc = learner.LearnerConfig(learning_rate=lr)
-  state = learner.init_state(cfg, lc, params, mesh)
-  update = learner.make_update_fn(cfg, lc, mesh)
+  state, update, to_batch = make_learner(cfg, params, lr)
   enc = lambda text: format_prompt(tok, text, "")
   env = loop.StepEnv(sampler, score_fn, rl=rl, pad_id=tok.pad_token_id, encode=enc,
                      encode_task=enc, **kw.pop("env", {}))
   method = svs_method.SvS(prompts, 0, svs_cfg, **kw)
-  to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
   return loop.rl_step(state, update, method, env, 0, to_batch)
 
 
-def _run(sampler, cfg, params, tok):
+def _run(make_learner, sampler, cfg, params, tok):
   prompts = [loop.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
-  return _step(sampler, cfg, params, tok, prompts, one_in_three, RL, SVS, 1e-3)
+  return _step(make_learner, sampler, cfg, params, tok, prompts, one_in_three, RL, SVS, 1e-3)
 
 
 def _check(state, m, svs_cfg=SVS):
@@ -57,21 +51,21 @@ def _check(state, m, svs_cfg=SVS):
   assert m["type1_groups"] >= 1
 
 
-def test_svs_step_with_jax_sampler_survives_garbage_syntheses(tiny_dirs):
+def test_svs_step_with_jax_sampler_survives_garbage_syntheses(tiny_dirs, one_device_learner):
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
-  state, m = _run(JaxSampler(cfg, params, tok), cfg, params, tok)
+  state, m = _run(one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok)
   _check(state, m)
 
 
-def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path):
+def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path, one_device_learner):
   from rlvr.sampling.vllm_sampler import VLLMSampler
   cfg, params = model.load_hf(served_model_dir)
   tok = AutoTokenizer.from_pretrained(served_model_dir)
   sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=tok.eos_token_id,
                         sync_dir=str(tmp_path / "sync"))
   try:
-    state, m = _run(sampler, cfg, params, tok)
+    state, m = _run(one_device_learner, sampler, cfg, params, tok)
     _check(state, m)
     assert sampler.version == 1
   finally:
@@ -79,47 +73,16 @@ def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path):
     sampler.close()
 
 
-# ------------------------------------------------ a policy that can do all three tasks
-@pytest.fixture(scope="module")
-def arithmetic_policy(tiny_dirs, tmp_path_factory):
-  """The test qwen2 model after 300 SFT steps on 300 worked solutions plus their
-  inverse pairs (as the embedded default's warm start): it solves some problems,
-  so some are underperforming, and turns solutions back into problems, so the
-  step sees synthesis and synthetic-solving groups. Same architecture and
-  tokenizer as the served model: the vLLM test pushes these weights."""
-  from rlvr.sft import train_sft
-  train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
-  pairs = [(p.problem, p.solution) for p in train[:300]]
-  pairs += [arithmetic.inverse_pair(p) for p in train[:300]]
-  lc = learner.LearnerConfig(learning_rate=3e-3, weight_decay=0.0, lr_schedule="cosine",
-                             warmup_steps=20, total_steps=300, min_lr_ratio=0.1, dual_clip=None)
-  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  out = train_sft(tiny_dirs["qwen2"], pairs, str(tmp_path_factory.mktemp("svs_sft")),
-                  learner_cfg=lc, mesh=mesh, steps=300, batch_size=32, progress=False)
-  return out, train[300:]
-
-
-@pytest.fixture(scope="module")
-def score():
-  with RewardPool(workers=1) as pool:
-    rc = RewardConfig(integer_answers=True)
-
-    def fn(texts, golds):
-      res = pool.score(texts, golds, rc)
-      return res.rewards, res.correct
-    yield fn
-
-
 ARITH_RL = loop.RLConfig(prompts_per_step=32, group_size=8, max_prompt_len=48,
                          max_response_len=40, seed=3)
 ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)   # the paper's G_v
 
 
-def _arithmetic_step(sampler, cfg, params, tok, problems, score_fn):
+def _arithmetic_step(make_learner, sampler, cfg, params, tok, problems, score_fn):
   enc = lambda text: format_prompt(tok, text, "")
   prompts = [loop.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems]
-  return _step(sampler, cfg, params, tok, prompts, score_fn, ARITH_RL, ARITH_SVS, 1e-4,
-               template=arithmetic.INVERSE_TEMPLATE, env={"answer_of": arithmetic.answer_of})
+  return _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, ARITH_RL, ARITH_SVS,
+               1e-4, template=arithmetic.INVERSE_TEMPLATE, env={"answer_of": arithmetic.answer_of})
 
 
 def _check_all_types(state, m):
@@ -132,19 +95,20 @@ def _check_all_types(state, m):
   assert 0 <= m["svs_accepted_consistent"] <= min(m["svs_accepted"], m["svs_consistent"])
 
 
-def test_svs_step_with_jax_sampler_builds_all_three_types(arithmetic_policy, score):
+def test_svs_step_with_jax_sampler_builds_all_three_types(arithmetic_policy, arithmetic_score,
+                                                          one_device_learner):
   policy_dir, problems = arithmetic_policy
   cfg, params = model.load_hf(policy_dir)
   tok = AutoTokenizer.from_pretrained(policy_dir)
   calls = []
 
   def recording_score(texts, golds):   # the real scorer; records what it was asked
-    rewards, correct = score(texts, golds)
+    rewards, correct = arithmetic_score(texts, golds)
     calls.append((list(golds), np.asarray(correct)))
     return rewards, correct
 
-  state, m = _arithmetic_step(JaxSampler(cfg, params, tok), cfg, params, tok, problems,
-                              recording_score)
+  state, m = _arithmetic_step(one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok,
+                              problems, recording_score)
   _check_all_types(state, m)
   # Scoring calls: the originals (one per dynamic-sampling round), then the synthetic
   # problems, whose responses are scored against the answer of the ORIGINAL problem each
@@ -160,7 +124,8 @@ def test_svs_step_with_jax_sampler_builds_all_three_types(arithmetic_policy, sco
   assert set(syn_golds) <= under_answers
 
 
-def test_svs_step_with_vllm_sampler_builds_all_three_types(arithmetic_policy, score, vllm_server,
+def test_svs_step_with_vllm_sampler_builds_all_three_types(arithmetic_policy, arithmetic_score,
+                                                           vllm_server, one_device_learner,
                                                            served_model_dir, tmp_path):
   from rlvr.sampling.vllm_sampler import VLLMSampler
   policy_dir, problems = arithmetic_policy
@@ -170,7 +135,8 @@ def test_svs_step_with_vllm_sampler_builds_all_three_types(arithmetic_policy, sc
                         sync_dir=str(tmp_path / "sync"))
   try:
     sampler.update_weights(params, version=0)   # the server now serves the SFT policy
-    state, m = _arithmetic_step(sampler, cfg, params, tok, problems, score)
+    state, m = _arithmetic_step(one_device_learner, sampler, cfg, params, tok, problems,
+                                arithmetic_score)
     _check_all_types(state, m)
   finally:   # leave the shared server serving its own (untied) model again
     sampler.close()
