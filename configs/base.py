@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from rlvr import evaluation, learner, loop, settings
+from rlvr import evaluation, learner, loop, settings, shaping
 from rlvr.rewards import RewardConfig
 from synthesis import svs
 
@@ -76,7 +76,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl.loop = settings.section(loop.RLConfig)            # rollouts, dynamic sampling
   c.rl.learner = settings.section(learner.LearnerConfig)  # optimizer and GRPO loss
 
-  c.reward = settings.section(RewardConfig)
+  c.reward = settings.section(RewardConfig)        # verifier: answer extraction and matching
+  c.shaping = settings.section(shaping.ShapingConfig)   # format bonus, DAPO overlong penalty
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 0                      # also evaluate every N RL steps (0 = before/after only)

@@ -30,5 +30,5 @@ def get_config():
   c.svs.syntheses_per_solution = 2     # G_v (paper: 8); each synthesis is solved G = 8 times
   c.rl.steps = 60
   c.rl.learner.learning_rate = 1e-4    # tiny_rlvr's 2e-4 dipped 7 points in the first 20 SvS steps
-  c.rl.loop.max_prompt_len = 48        # synthesis prompts carry a whole solution
+  c.rl.loop.max_prompt_len = 64        # synthesis prompts carry a whole solution (57-61 tokens)
   return c

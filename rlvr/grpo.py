@@ -17,19 +17,23 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 def group_advantages(rewards_gn: jax.Array, normalize_std: bool = True,
-                     eps: float = 1e-6) -> jax.Array:
+                     eps: float = 1e-6, ddof: int = 1) -> jax.Array:
   r"""Group-relative advantages.
 
-  A_i = (r_i - mean_j r_j) / (std_j r_j + eps)   (GRPO; population std)
+  A_i = (r_i - mean_j r_j) / (std_j r_j + eps)   (GRPO)
   A_i =  r_i - mean_j r_j                        (Dr.GRPO, normalize_std=False)
 
-  A group whose rewards are all equal gets exactly 0 (not fp noise), so it
-  contributes nothing to the loss.
+  std is the unbiased group std (ddof 1) by default, as verl and TRL compute it
+  (`torch.std`); ddof=0 gives the population std. A group whose rewards are all
+  equal gets exactly 0 (not fp noise), so it contributes nothing to the loss.
   """
   r = rewards_gn.astype(jnp.float32)
   centered = r - jnp.mean(r, axis=-1, keepdims=True)
   constant = jnp.all(r == r[..., :1], axis=-1, keepdims=True)
-  adv = centered / (jnp.std(r, axis=-1, keepdims=True) + eps) if normalize_std else centered
+  if normalize_std:
+    adv = centered / (jnp.std(r, axis=-1, keepdims=True, ddof=ddof) + eps)
+  else:
+    adv = centered
   return jnp.where(constant, 0.0, adv)
 
 

@@ -50,6 +50,8 @@ class LearnerConfig:
   remat: bool = False
   compute_dtype: str = "float32"         # params stay f32 (master); forward in this dtype
   mask_truncated: bool = False           # drop length-truncated completions from the loss
+  normalize_all: bool = False            # loss normaliser counts masked truncated completions
+                                         # too (QbQ Eq. 2 divides by all m completions)
   tis_cap: float | None = None           # truncated IS weight min(exp(old - sampler), C)
   logits_chunk: int = 256                # positions per logits block in the loss
 
@@ -235,7 +237,9 @@ def _split_micro(batch: TrainBatch, m: int) -> TrainBatch:
 def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
                cfg: LearnerConfig, tx: optax.GradientTransformation):
   """One optimizer step on `batch` (pure; jitted by `make_update_fn`)."""
-  normalizer = grpo.loss_normalizer(loss_mask(batch, cfg), cfg.aggregation)
+  counted = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
+  normalizer = grpo.loss_normalizer(counted if cfg.normalize_all else loss_mask(batch, cfg),
+                                    cfg.aggregation)
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
   micro = _split_micro(batch, cfg.micro_batches)
 

@@ -17,16 +17,19 @@ import os
 import time
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from rlvr import checkpoint, datasets, distributed, evaluation, learner, loop, methods
-from rlvr import metrics as metrics_lib, model as model_lib, settings, sharding, sft
+from rlvr import metrics as metrics_lib, model as model_lib, rewards, settings, shaping
+from rlvr import sharding, sft
 from rlvr.data import format_prompt
 from rlvr.rewards import RewardConfig, RewardPool
 from rlvr.sampling import JaxSampler
 
 PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
-             "response_len_mean", "truncated_frac", "clip_frac_high", "grad_norm",
+             "response_len_mean", "truncated_frac", "optimizer_steps", "clip_frac_high",
+             "clip_frac_low", "kl_first_last", "grad_norm", "shaping_overlong",
              "heldout_pass@1", "heldout_pass@8")
 
 
@@ -148,17 +151,17 @@ def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
           for name, r in results.items()}
 
 
-def train(run: Run, state, update, mngr, method, env: loop.StepEnv, eval_score):
+def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, logp_fn):
   """RL steps from state.step to rl.steps; checkpoints carry the method's state."""
   from tqdm import tqdm
   c = run.cfg
-  start = int(state.step)
+  start = int(jax.device_get(state.step))
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
   to_batch = lambda arrays: learner.TrainBatch(**distributed.global_batch(arrays, run.mesh))
   bar = tqdm(range(start, c.rl.steps), desc=method.name, unit="step", initial=start,
              total=c.rl.steps)
   for step in bar:
-    state, m = loop.rl_step(state, update, method, env, step, to_batch)
+    state, m = loop.rl_step(state, update, method, env, step, to_batch, logp_fn)
     if c.eval.every and (step + 1) % c.eval.every == 0:
       for name, scores in evaluate(run, env.sampler, eval_score).items():
         m.update({f"{name}_{k}": v for k, v in scores.items()})
@@ -213,8 +216,8 @@ def run(cfg) -> dict:
   with RewardPool(workers=cfg.reward_workers, timeout_s=reward_cfg.timeout_s) as pool:
     score = evaluation.score_fn(pool, reward_cfg)
     # Evaluation counts correct answers only, with general (not integer-only) matching.
-    eval_score = evaluation.score_fn(pool, dataclasses.replace(
-        reward_cfg, integer_answers=False, format_bonus=0.0))
+    eval_score = evaluation.score_fn(pool, dataclasses.replace(reward_cfg,
+                                                               integer_answers=False))
     start_dir = warm_start(r)
     model_cfg = model_lib.ModelConfig.from_hf(start_dir)
     lc = settings.frozen(learner.LearnerConfig, cfg.rl.learner)
@@ -230,9 +233,14 @@ def run(cfg) -> dict:
       r.save_progress()
     env = loop.StepEnv(sampler, score, rl=settings.frozen(loop.RLConfig, cfg.rl.loop),
                        pad_id=r.pad_id, encode=r.encode, encode_task=r.encode_task,
-                       answer_of=r.data.answer_of)
-    update = learner.make_update_fn(model_cfg, lc, r.mesh)
-    state = train(r, state, update, mngr, method, env, eval_score)
+                       answer_of=r.data.answer_of,
+                       shaping_cfg=settings.frozen(shaping.ShapingConfig, cfg.shaping),
+                       well_formed=lambda text: rewards.is_well_formed(
+                           rewards.extract_answer(text, reward_cfg.extraction),
+                           reward_cfg.integer_answers))
+    state = train(r, state, mngr, method, env, eval_score,
+                  learner.make_update_fn(model_cfg, lc, r.mesh),
+                  learner.make_logprob_fn(model_cfg, lc))
     mngr.close()
     if r.progress.get("eval_after_step") != cfg.rl.steps:
       r.progress["eval_after"] = evaluate(r, sampler, eval_score, "after_rl")

@@ -68,6 +68,8 @@ class SvSConfig:
   type2_keep_ratio: float = 1.0    # fraction of mixed synthesis groups kept (paper ablates 0.2)
   max_problem_chars: int = MAX_PROBLEM_CHARS
   mode: str = "svs"                # "svs" or "eup" (second rollout instead of synthesis)
+  refill_originals: bool = True    # False: the authors' loop, prompts_per_step originals sampled
+                                   # once, the mixed ones kept; True: dynamic-sampling refill
 
   def __post_init__(self):
     if not 0 <= self.under_lo <= self.under_hi <= 1:

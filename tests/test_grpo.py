@@ -11,7 +11,7 @@ from rlvr import grpo
 
 
 # ------------------------------------------------------------- numpy reference
-def np_advantages(r, normalize_std=True, eps=1e-6):
+def np_advantages(r, normalize_std=True, eps=1e-6, ddof=1):
   out = np.zeros_like(r, dtype=np.float64)
   for g in range(r.shape[0]):
     row = r[g].astype(np.float64)
@@ -19,7 +19,7 @@ def np_advantages(r, normalize_std=True, eps=1e-6):
       continue
     out[g] = row - row.mean()
     if normalize_std:
-      out[g] /= row.std() + eps
+      out[g] /= row.std(ddof=ddof) + eps
   return out
 
 
@@ -65,6 +65,29 @@ def test_advantages_match_numpy_with_zero_variance_groups():
     ours = np.asarray(grpo.group_advantages(jnp.asarray(r), normalize_std=norm))
     np.testing.assert_allclose(ours, np_advantages(r, norm), rtol=1e-5, atol=1e-6)
     assert (ours[:3] == 0).all()
+
+
+@pytest.mark.parametrize("n", [2, 5, 8, 16])
+def test_advantages_use_the_unbiased_std_like_verl_and_trl(n):
+  """(r - mean) / (std(ddof=1) + eps), as torch.std computes it; ddof 0 on request."""
+  rng = np.random.RandomState(n)
+  r = (rng.rand(6, n) > 0.5).astype(np.float32)
+  r[0], r[1] = 1.0, 0.0            # constant groups: exactly 0
+  r[2, :] = 0.0
+  r[2, 0] = 1.0                    # one right of n
+  r[3] = rng.rand(n)               # continuous rewards
+  for ddof in (1, 0):
+    ours = np.asarray(grpo.group_advantages(jnp.asarray(r), ddof=ddof))
+    want = np.zeros((6, n))
+    for g in range(6):
+      if np.ptp(r[g]) > 0:
+        want[g] = (r[g] - r[g].mean()) / (np.std(r[g].astype(np.float64), ddof=ddof) + 1e-6)
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-6)
+    assert (ours[:2] == 0).all()
+  # one right of two: unbiased std is 1/sqrt(2), population std 1/2
+  two = np.asarray(grpo.group_advantages(jnp.asarray([[1.0, 0.0]])))
+  np.testing.assert_allclose(two, [[0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6)]],
+                             rtol=1e-6)
 
 
 @pytest.mark.parametrize("agg", grpo.AGGREGATIONS)

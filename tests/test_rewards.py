@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr import rewards
+from rlvr import rewards, shaping
 from rlvr.rewards import RewardConfig, RewardPool, equivalence
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "math_aime_eval.parquet"
-QBQ = RewardConfig(integer_answers=True, format_bonus=0.1)
+QBQ = RewardConfig(integer_answers=True)   # + rlvr.shaping format bonus 0.1 (BONUSES)
 # A tower whose evaluation never ends: sympy keeps multiplying huge integers.
 TOWER = r"9^{9^{9^{9^{9}}}}"
 
@@ -90,7 +90,6 @@ def test_normalize_integer(s, expected):
 
 def test_config_and_input_errors_name_the_field(pool):
   for kwargs, field in [(dict(extraction="last"), "extraction"),
-                        (dict(format_bonus=float("nan")), "format_bonus"),
                         (dict(timeout_s=0), "timeout_s"),
                         (dict(integer_answers=1), "integer_answers")]:
     with pytest.raises((ValueError, TypeError), match=field):
@@ -110,7 +109,9 @@ def test_config_and_input_errors_name_the_field(pool):
 # ---------------------------------------------------------------------------
 
 ANSWER_LINE = RewardConfig(extraction="answer_line")
-BONUS = RewardConfig(format_bonus=0.1)
+BONUS = RewardConfig(extraction="boxed")
+# Configs whose rows add QbQ's format bonus (rlvr.shaping) onto the verifier's reward.
+BONUSES = {id(QBQ): 0.1, id(BONUS): 0.1}
 
 TABLE = [
     # response, gold, config, expected reward
@@ -168,13 +169,15 @@ TABLE = [
 def test_score_table(pool, response, gold, config, expected):
   result = pool.score([response], [gold], config or RewardConfig())
   assert result.rewards.dtype == np.float32
-  np.testing.assert_allclose(result.rewards, [expected], atol=1e-6)
+  np.testing.assert_allclose(result.rewards, result.correct.astype(np.float32))
+  shaped = result.rewards + shaping.format_bonus(result.well_formed, BONUSES.get(id(config), 0))
+  np.testing.assert_allclose(shaped, [expected], atol=1e-6)
   assert (result.timeouts, result.errors) == (0, 0)
 
 
 def test_score_result_fields_and_empty_batch(pool):
   res = pool.score([r"\boxed{2}", "none", r"\boxed{2}"], ["2", "2", "3"], BONUS)
-  np.testing.assert_allclose(res.rewards, [1.1, 0.0, 0.1])
+  np.testing.assert_allclose(res.rewards, [1.0, 0.0, 0.0])
   assert res.correct.tolist() == [True, False, False]
   assert res.well_formed.tolist() == [True, False, True]
   assert res.extracted == ["2", None, "2"]
@@ -248,7 +251,8 @@ def test_crashes_and_exceptions_score_zero_and_workers_are_replaced():
                  r"\boxed{2}", r"\boxed{x+1}"]
     golds = ["1/9", "0.5", "1/9", "1/9", "3", "1+x"]
     res = crashy.score(responses, golds, BONUS)
-    np.testing.assert_allclose(res.rewards, [0.0, 1.1, 0.0, 0.0, 0.1, 1.1], atol=1e-6)
+    np.testing.assert_allclose(res.rewards + shaping.format_bonus(res.well_formed, 0.1),
+                               [0.0, 1.1, 0.0, 0.0, 0.1, 1.1], atol=1e-6)
     assert res.errors == 2 and res.timeouts == 1
     assert crashy.restarts == 2                 # segfault and stuck; `raise` keeps its worker
     again = crashy.score([r"\boxed{0.25}"] * 4, [r"\frac{1}{4}"] * 4)
@@ -292,11 +296,14 @@ def test_aime_answers_score_one_as_integers(pool, eval_rows):
   boxed = [f"The answer is $\\boxed{{{g}}}$." for g in golds]
   res = pool.score(boxed, golds, RewardConfig(integer_answers=True))
   assert res.rewards.tolist() == [1.0] * 60 and res.well_formed.all()
-  np.testing.assert_allclose(pool.score(boxed, golds, QBQ).rewards, 1.1, atol=1e-6)
+  res = pool.score(boxed, golds, QBQ)
+  np.testing.assert_allclose(res.rewards + shaping.format_bonus(res.well_formed, 0.1), 1.1,
+                             atol=1e-6)
   assert all(rewards.normalize_integer(g) is not None for g in golds)   # e.g. "336^\\circ"
   wrong = pool.score([f"\\boxed{{{int(rewards.normalize_integer(g)) + 1}}}" for g in golds],
                      golds, QBQ)
-  np.testing.assert_allclose(wrong.rewards, 0.1, atol=1e-6)
+  np.testing.assert_allclose(wrong.rewards + shaping.format_bonus(wrong.well_formed, 0.1), 0.1,
+                             atol=1e-6)
 
 
 def test_throughput_rl_sized_batch(pool, eval_rows):

@@ -3,6 +3,8 @@ JaxSampler and with the vLLM server."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
@@ -22,7 +24,8 @@ def one_in_three(texts, golds):
   return r, r > 0
 
 
-RL = loop.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=16, max_response_len=12)
+# Synthesis prompts carry our whole template plus a solution: 256 tokens hold them.
+RL = loop.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=256, max_response_len=12)
 SVS = svs.SvSConfig(syntheses_per_solution=4)
 
 
@@ -41,12 +44,35 @@ def _run(make_learner, sampler, cfg, params, tok):
   return _step(make_learner, sampler, cfg, params, tok, prompts, one_in_three, RL, SVS, 1e-3)
 
 
+def test_authors_loop_samples_originals_once_and_drops_too_long_synthesis_prompts(
+    tiny_dirs, one_device_learner):
+  """refill_originals=False: exactly prompts_per_step originals, one round; synthesis
+  prompts longer than max_prompt_len are dropped and counted, never cut."""
+  cfg, params = model.load_hf(tiny_dirs["qwen2"])
+  tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+  prompts = [loop.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
+  short = dataclasses.replace(RL, max_prompt_len=16)
+  state, m = _step(one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok, prompts,
+                   one_in_three, short, dataclasses.replace(SVS, refill_originals=False), 1e-3)
+  assert m["prompts_sampled"] == short.prompts_per_step and m["sample_rounds"] == 1
+  assert m["svs_underperforming"] >= 1
+  assert m["svs_synthesis_too_long"] >= 1 and m["svs_syntheses"] == 0
+  assert m["type2_groups"] == m["type3_groups"] == 0
+
+
+def test_default_synthesis_prompt_does_not_ask_to_hide_the_answer():
+  """The authors' prompt has no hiding instruction: the naive-reward ablation exists to show
+  the answer leak that only the shaped reward prevents."""
+  text = svs.build_synthesis_prompt("7*3=21. 12+21=33. \\boxed{33}").lower()
+  assert "reveal" not in text and "hint" not in text and "33" in text
+
+
 def _check(state, m, svs_cfg=SVS):
   assert int(state.step) == 1 or m["skipped_update"] == 1
   assert m["svs_syntheses"] == m["svs_correct_solutions"] * svs_cfg.syntheses_per_solution
   assert (m["svs_accepted"] + m["svs_too_easy"] + m["svs_too_hard"] + m["svs_unparseable"]
           == m["svs_syntheses"])
-  assert m["svs_unparseable"] == m["svs_extraction_failures"]
+  assert m["svs_unparseable"] == m["svs_extraction_failures"] + m["svs_synthetic_too_long"]
   assert m["svs_underperforming"] >= 1 and m["svs_correct_solutions"] >= 1
   assert m["type1_groups"] >= 1
 
@@ -73,7 +99,7 @@ def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path, one
     sampler.close()
 
 
-ARITH_RL = loop.RLConfig(prompts_per_step=32, group_size=8, max_prompt_len=48,
+ARITH_RL = loop.RLConfig(prompts_per_step=32, group_size=8, max_prompt_len=64,
                          max_response_len=40, seed=3)
 ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)   # the paper's G_v
 

@@ -42,8 +42,11 @@ class SvS:
     rl = env.rl
     rng = random.Random(loop.step_seed(rl.seed, step, 99))
     seed = lambda phase: loop.step_seed(rl.seed, step, 100 + phase)  # apart from DS rounds
-    # SvS trains with DAPO's dynamic sampling: up to prompts_per_step mixed groups
-    kept, originals, rounds = loop.gather_groups(env, self.pool.draw, step)
+    if self.cfg.refill_originals:   # DAPO's dynamic sampling: up to prompts_per_step mixed groups
+      kept, originals, rounds = loop.gather_groups(env, self.pool.draw, step)
+    else:                           # the authors' loop: one draw, the mixed groups kept
+      originals = env.rollout(self.pool.draw(rl.prompts_per_step), rl.sampling_params(seed(0)))
+      kept, rounds = [o for o in originals if o.mixed], 1
     type1 = [o for o in kept if o.mixed]
     under = [o for o in type1 if svs.underperforming(float(o.correct.mean()), self.cfg.under_lo,
                                                       self.cfg.under_hi)]
@@ -65,16 +68,28 @@ class SvS:
     sources = [(o, c) for o in under for c, ok in zip(o.completions, o.correct) if ok]
     syn_ids = [env.encode_task(svs.build_synthesis_prompt(c.text, self.template))
                for _, c in sources]
+    fits = [len(ids) <= rl.max_prompt_len for ids in syn_ids]   # too long: dropped, counted
+    m["svs_synthesis_too_long"] = fits.count(False)
+    sources = [s for s, ok in zip(sources, fits) if ok]
+    syn_ids = [ids for ids, ok in zip(syn_ids, fits) if ok]
     syn_outs = []
     if syn_ids:
       sp = dataclasses.replace(rl.sampling_params(seed(2)), n=cfg.syntheses_per_solution)
       syn_outs = env.generate(syn_ids, sp)
     problems = [[svs.extract_problem(c.text, cfg.max_problem_chars) for c in outs]
                 for outs in syn_outs]
+    m["svs_extraction_failures"] = sum(p is None for ps in problems for p in ps)
     # solve every extracted synthetic problem G times, against the ORIGINAL answer
     flat = [(i, k, p) for i, ps in enumerate(problems) for k, p in enumerate(ps) if p]
     syn_prompts = [env.prompt(p, sources[i][0].prompt.answer, "svs-synthetic")
                    for i, _, p in flat]
+    fits = [len(q.ids) <= rl.max_prompt_len for q in syn_prompts]
+    m["svs_synthetic_too_long"] = fits.count(False)
+    for (i, k, _), ok in zip(flat, fits):
+      if not ok:   # a synthetic problem too long to solve counts as unparseable
+        problems[i][k] = None
+    flat = [f for f, ok in zip(flat, fits) if ok]
+    syn_prompts = [q for q, ok in zip(syn_prompts, fits) if ok]
     solved = env.rollout(syn_prompts, rl.sampling_params(seed(3))) if flat else []
     accs = [[None] * len(ps) for ps in problems]
     for (i, k, _), grp in zip(flat, solved):
@@ -96,7 +111,6 @@ class SvS:
     m.update({
         "svs_correct_solutions": len(sources),
         "svs_syntheses": sum(len(ps) for ps in problems),
-        "svs_extraction_failures": sum(p is None for ps in problems for p in ps),
         "svs_accepted": reasons.count("accepted"),
         "svs_too_easy": reasons.count("too_easy"),
         "svs_too_hard": reasons.count("too_hard"),

@@ -17,12 +17,10 @@ class RewardConfig:
   extraction: "boxed" (last `\\boxed{}`) or "answer_line" (last `Answer: ...`).
   integer_answers: answers are integers (AIME, DAPO-17k): compare as integers,
     and only an integer final answer counts as well-formed.
-  format_bonus: added to the reward when a well-formed answer is present (QbQ 0.1).
   timeout_s: time one answer may spend in math-verify before it scores 0.
   """
   extraction: str = "boxed"
   integer_answers: bool = False
-  format_bonus: float = 0.0
   timeout_s: float = 5.0
 
   def __post_init__(self):
@@ -31,10 +29,6 @@ class RewardConfig:
                        f"expected one of {EXTRACTIONS}")
     if not isinstance(self.integer_answers, bool):
       raise TypeError(f"RewardConfig.integer_answers: expected bool, got {self.integer_answers!r}")
-    if (isinstance(self.format_bonus, bool) or not isinstance(self.format_bonus, (int, float))
-        or not math.isfinite(self.format_bonus)):
-      raise ValueError(f"RewardConfig.format_bonus: expected a finite number, "
-                       f"got {self.format_bonus!r}")
     if (isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float))
         or not self.timeout_s > 0 or not math.isfinite(self.timeout_s)):
       raise ValueError(f"RewardConfig.timeout_s: expected a positive finite number of seconds, "
@@ -45,8 +39,9 @@ class RewardConfig:
 class ScoreResult:
   """Per-response scores of one `score` call.
 
-  rewards = correct + format_bonus * well_formed, except that an item that
-  timed out or crashed its worker scores 0 (correct and well_formed False).
+  rewards = correct as 1.0 / 0.0 (shaping terms such as QbQ's format bonus are
+  added by `rlvr.shaping`); an item that timed out or crashed its worker scores 0
+  (correct and well_formed False).
   timeouts / errors count those items.
   """
   rewards: np.ndarray

@@ -198,7 +198,7 @@ class RewardPool:
         timeouts += len(rows) * (status == _TIMEOUT)
         errors += len(rows) * (status == _ERROR)
     well_formed &= ~failed
-    rewards = correct.astype(np.float32) + np.float32(config.format_bonus) * well_formed
+    rewards = correct.astype(np.float32)
     return ScoreResult(rewards=rewards.astype(np.float32), correct=correct,
                        well_formed=well_formed, extracted=extracted,
                        timeouts=int(timeouts), errors=int(errors))

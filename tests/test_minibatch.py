@@ -1,0 +1,98 @@
+"""Several optimizer steps per rollout batch (verl's PPO mini-batches): one mini-batch is
+today's update bit for bit; with four, the later steps are off-policy (ratio != 1,
+clipping binds) and equal a hand-run sequence of single updates with the same old logprobs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from rlvr import learner, loop, model
+from rlvr.sampling import JaxSampler
+
+RL = loop.RLConfig(prompts_per_step=8, group_size=4, max_prompt_len=8, max_response_len=8)
+LR = 3e-2   # large, so that later mini-batches move the ratio past the clip range
+
+
+def half_even(texts, golds):
+  del golds
+  r = np.array([float(len(t) % 2 == 0) for t in texts], np.float32)
+  return r, r > 0
+
+
+@pytest.fixture(scope="module")
+def rollout(tiny_dirs):
+  """Eight mixed groups sampled from the tiny model, and what the learner needs."""
+  cfg, params = model.load_hf(tiny_dirs["qwen2"])
+  tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+  env = loop.StepEnv(JaxSampler(cfg, params, tok), half_even, rl=RL, pad_id=tok.pad_token_id,
+                     encode=tok.encode, encode_task=tok.encode)
+  prompts = [loop.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
+  it = iter(prompts)
+  kept, _, _ = loop.gather_groups(env, lambda k: [next(it) for _ in range(k)], step=0)
+  assert len(kept) == RL.prompts_per_step
+  return cfg, params, tok.pad_token_id, kept
+
+
+def _params(state):
+  return jax.tree.leaves(jax.device_get(state.params))
+
+
+def test_one_mini_batch_is_todays_update_bit_for_bit(rollout, one_device_learner):
+  cfg, params, pad, groups = rollout
+  results = []
+  for rl in (RL, dataclasses.replace(RL, ppo_mini_batch_size=RL.prompts_per_step)):
+    state, update, to_batch = one_device_learner(cfg, params, LR)
+    state, m = loop.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=0)
+    assert m["optimizer_steps"] == 1 and m["ratio_max"] == 1.0
+    results.append(_params(state))
+  state, update, to_batch = one_device_learner(cfg, params, LR)   # today's call
+  state, _ = update(state, to_batch(loop.build_batch(groups, RL, pad)))
+  for a, b, c in zip(*results, _params(state)):
+    assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
+def test_four_mini_batches_are_off_policy_and_equal_single_updates(rollout, one_device_learner):
+  cfg, params, pad, groups = rollout
+  rl = dataclasses.replace(RL, ppo_mini_batch_size=2)
+  logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(learning_rate=LR))
+  chunks = loop.mini_batches(groups, rl, np.random.default_rng(0))
+  assert [len(c) for c in chunks] == [2, 2, 2, 2]
+  assert sorted(id(g) for c in chunks for g in c) == sorted(id(g) for g in groups)
+
+  state, update, to_batch = one_device_learner(cfg, params, LR)
+  batches = [to_batch(loop.build_batch(c, rl, pad, min_rows=rl.mini_batch_rows)) for c in chunks]
+  assert batches[0].tokens_bt.shape[0] == 2 * RL.group_size
+  state, steps, kl = loop.multi_step_update(state, update, logp_fn, batches)
+  assert len(steps) == 4 and kl > 0
+  assert float(steps[0]["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
+  later = steps[1:]
+  assert any(abs(float(m["ratio_max"]) - 1) > 1e-3 or abs(float(m["ratio_min"]) - 1) > 1e-3
+             for m in later)
+  assert any(float(m["clip_frac_low"]) + float(m["clip_frac_high"]) > 0 for m in later)
+
+  # By hand: old logprobs of every mini-batch under the first policy, then one update each.
+  hand, update2, _ = one_device_learner(cfg, params, LR)
+  old = [logp_fn(hand.params, b) for b in batches]
+  for i, (b, o) in enumerate(zip(batches, old)):
+    hand, m = update2(hand, b.replace(old_logp_bt=o))
+    for k in ("loss", "clip_frac_low", "clip_frac_high", "ratio_max", "ratio_min", "grad_norm"):
+      assert float(m[k]) == float(steps[i][k]), (i, k)
+  for a, b in zip(_params(state), _params(hand)):
+    assert np.array_equal(a, b)
+
+
+def test_update_on_buffer_reports_the_steps(rollout, one_device_learner):
+  cfg, params, pad, groups = rollout
+  rl = dataclasses.replace(RL, ppo_mini_batch_size=4, ppo_epochs=2)
+  logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(learning_rate=LR))
+  state, update, to_batch = one_device_learner(cfg, params, LR)
+  state, m = loop.update_on_buffer(state, update, logp_fn, groups, rl, pad, to_batch, step=3)
+  assert m["optimizer_steps"] == 4 and int(state.step) == 4
+  assert m["kl_first_last"] > 0 and m["ratio_min"] <= 1.0 <= m["ratio_max"]
+  with pytest.raises(ValueError, match="logp_fn"):
+    loop.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=3)
