@@ -91,12 +91,17 @@ def paper(name: str, *, steps: int, method: str = "rlvr", integer_answers: bool 
           fsdp: int = 4) -> ml_collections.ConfigDict:
   """A paper-scale run: SvS public GRPO settings, vLLM sampling, MATH/AIME evaluation.
 
-  GRPO: lr 1e-6 constant, weight decay 0.01, 256 prompts x 8 responses per step
-  (one optimizer step per rollout batch), clip 0.2 / 0.28, dual-clip 3, token-mean
-  loss, no KL, grad clip 1.0, temperature 1.0, prompt 4096 / response 8192 tokens
+  GRPO: lr 1e-6 constant, weight decay 0.01, 256 prompts x 8 responses per step,
+  verl's ppo_mini_batch_size 256 prompts (2,048 rows) per optimizer step, so a plain
+  RLVR batch makes one step and an SvS buffer (types 1+2+3) several, the later ones
+  off-policy; clip 0.2 / 0.28, dual-clip 3, token-mean loss, unbiased group std,
+  no KL, grad clip 1.0, temperature 1.0, prompt 4096 / response 8192 tokens
   (the learner defaults, plus the lengths and batch set here). With
   method="svs": underperforming 12.5%..50%, G_v 8, synthesis reward band
-  12.5%..62.5% (ablations: configs/svs_ablations.py). All from METHODS.md.
+  12.5%..62.5% (ablations: configs/svs_ablations.py); the originals are sampled
+  once per step and only their mixed groups kept (refill_originals=False), as in
+  the authors' verl loop, where a step's batch is not topped up by extra rounds.
+  All from METHODS.md.
   Model and training-data paths are left for flags; nothing is downloaded.
   """
   c = get_config()
@@ -112,6 +117,8 @@ def paper(name: str, *, steps: int, method: str = "rlvr", integer_answers: bool 
   c.rl.loop.prompts_per_step = 256
   c.rl.loop.max_prompt_len = 4096
   c.rl.loop.max_response_len = 8192
+  c.rl.loop.ppo_mini_batch_size = 256   # groups per optimizer step (2,048 rows)
+  c.svs.refill_originals = False        # used only by method="svs"
   c.rl.learner.micro_batches = 16
   c.rl.learner.remat = True
   c.rl.learner.compute_dtype = "bfloat16"

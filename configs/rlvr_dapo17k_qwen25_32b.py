@@ -1,4 +1,4 @@
-"""Qwen2.5-32B on DAPO-17k, plain GRPO (the SvS paper's RLVR baseline).
+"""Qwen2.5-32B-Instruct on DAPO-17k, plain GRPO (the SvS paper's RLVR baseline, Table 1).
 
 Settings: `configs.base.paper` (the SvS paper's public GRPO settings).
 

@@ -1,12 +1,13 @@
-"""SvS ablations (METHODS.md), on top of any SvS config via `--config=...:NAME`:
+"""SvS ablations of Table 3 (METHODS.md), as the paper ran them: Qwen2.5-32B-Instruct on
+DAPO-17k (configs/svs_dapo17k_qwen25_32b.py), one setting changed each.
 
-  python -m launch.train --config=configs/svs_ablations.py:asp      # + model/data flags
-  names: naive (R_V = 1 if acc > 0), asp (underperforming 37.5%..75%),
-         eup (second rollout on underperforming problems, no synthesis),
-         keep02 (keep 20% of type-2 groups), tiny_naive / tiny_eup (embedded scale).
+  python -m launch.train --config=configs/svs_ablations.py:asp    # + model/data/server flags
+  names: asp (underperforming 37.5%..75%), eup (second rollout on underperforming problems,
+         no synthesis), naive (R_V = 1 if acc > 0), keep02 (keep 20% of type-2 groups, Appendix
+         E.2); tiny_<name> applies the same change to the embedded default (configs/tiny.py).
 """
 
-from configs import svs_math12k_qwen25_3b, tiny
+from configs import svs_dapo17k_qwen25_32b, tiny
 
 ABLATIONS = {
     "naive": {"naive_reward": True},
@@ -22,7 +23,7 @@ def get_config(name: str = "asp"):
   if key not in ABLATIONS:
     raise ValueError(f"ablation: unknown {name!r}; expected one of {sorted(ABLATIONS)} "
                      "(optionally prefixed tiny_)")
-  c = tiny.get_config() if embedded else svs_math12k_qwen25_3b.get_config()
+  c = tiny.get_config() if embedded else svs_dapo17k_qwen25_32b.get_config()
   c.svs.update(ABLATIONS[key])
   c.workdir = c.workdir + f"_{name}"
   return c

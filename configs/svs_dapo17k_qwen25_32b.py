@@ -1,4 +1,4 @@
-"""Qwen2.5-32B on DAPO-17k with SvS (the paper's main setting).
+"""Qwen2.5-32B-Instruct on DAPO-17k with SvS (the paper's main setting, Table 1).
 
 Settings: `configs.base.paper` (the SvS paper's public GRPO settings).
 

@@ -1,4 +1,4 @@
-"""Llama-3.1-8B on MATH-12k with SvS.
+"""Llama-3.1-8B-Instruct on MATH-12k with SvS (SvS Table 2).
 
 Settings: `configs.base.paper` (the SvS paper's public GRPO settings).
 

@@ -1,4 +1,4 @@
-"""Qwen2.5-3B on MATH-12k with SvS.
+"""Qwen2.5-3B-Instruct on MATH-12k with SvS (SvS Table 2).
 
 Settings: `configs.base.paper` (the SvS paper's public GRPO settings).
 

@@ -98,11 +98,23 @@ def test_a_mistyped_key_is_an_error_naming_it():
     _load("tiny", "--config.rl.learner.micro_batchs=4")
 
 
-def test_svs_ablation_arguments():
-  for ablation in ("naive", "asp", "eup", "keep02", "tiny_eup"):
-    c = importlib.import_module("configs.svs_ablations").get_config(ablation)
-    cfg = settings.frozen(svs.SvSConfig, c.svs)
-    assert cfg != svs.SvSConfig(syntheses_per_solution=cfg.syntheses_per_solution)
+@pytest.mark.parametrize("ablation", ["naive", "asp", "eup", "keep02", "tiny_eup"])
+def test_svs_ablations_change_one_setting_of_their_base(ablation):
+  from configs import svs_ablations, svs_dapo17k_qwen25_32b, tiny
+  c = svs_ablations.get_config(ablation)
+  base = (tiny if ablation.startswith("tiny_") else svs_dapo17k_qwen25_32b).get_config()
+  changed = {k for k in base.svs.keys() if base.svs[k] != c.svs[k]}
+  assert changed == set(svs_ablations.ABLATIONS[ablation.removeprefix("tiny_")])
+  settings.frozen(svs.SvSConfig, c.svs)
+
+
+def test_paper_configs_take_verls_mini_batches_and_the_authors_svs_loop():
+  from configs import rlvr_dapo17k_qwen25_32b, svs_dapo17k_qwen25_32b
+  for mod in (rlvr_dapo17k_qwen25_32b, svs_dapo17k_qwen25_32b):
+    c = mod.get_config()
+    rl = settings.frozen(loop.RLConfig, c.rl.loop)
+    assert rl.ppo_mini_batch_size * rl.group_size == 2048 and rl.adv_std_ddof == 1
+  assert svs_dapo17k_qwen25_32b.get_config().svs.refill_originals is False
 
 
 def test_unknown_field_is_named():
