@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from rlvr import grpo, sharding
-from rlvr.model import decoder
+from rlvr.model import attention, decoder
 from rlvr.model.config import ModelConfig
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -54,6 +54,7 @@ class LearnerConfig:
                                          # too (QbQ Eq. 2 divides by all m completions)
   tis_cap: float | None = None           # truncated IS weight min(exp(old - sampler), C)
   logits_chunk: int = 256                # positions per logits block in the loss
+  attention: str = "auto"                # "auto" (blockwise at long T), "dense", "blockwise"
 
   def __post_init__(self):
     if self.lr_schedule not in ("constant", "cosine"):
@@ -62,6 +63,9 @@ class LearnerConfig:
       raise ValueError(f"aggregation: unknown {self.aggregation!r}; expected {grpo.AGGREGATIONS}")
     if self.kl_estimator not in ("k1", "k3"):
       raise ValueError(f"kl_estimator: unknown {self.kl_estimator!r}; expected k1|k3")
+    if self.attention not in attention.IMPLEMENTATIONS:
+      raise ValueError(f"attention: unknown {self.attention!r}; "
+                       f"expected one of {attention.IMPLEMENTATIONS}")
     if self.compute_dtype not in _DTYPES:
       raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; expected {list(_DTYPES)}")
     if self.micro_batches < 1:
@@ -182,7 +186,7 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
   """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned."""
   p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
   hidden = decoder.forward(p, batch.tokens_bt, config=model_cfg, segment_ids=batch.segment_bt,
-                           remat=cfg.remat, return_hidden=True)
+                           remat=cfg.remat, return_hidden=True, attention_impl=cfg.attention)
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
   return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk)
 

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from rlvr import sharding
+from rlvr.model import attention
 from rlvr.model.config import ModelConfig, RopeScaling
 
 Params = Any
-_NEG_INF = -1e30  # finite, so fully-masked (padding) rows stay NaN-free
 
 
 @flax.struct.dataclass
@@ -114,6 +114,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
   config: ModelConfig
   param_dtype: Any
+  attention: str = "auto"        # rlvr.model.attention.IMPLEMENTATIONS
 
   @nn.compact
   def __call__(self, x_btd, positions_bt, segment_bt, kv, layer):
@@ -142,8 +143,11 @@ class Attention(nn.Module):
 
     t = x_btd.shape[1]
     if kv is None:
-      keys, values, kv_segment = k, v, segment_bt
-      q_slot = k_slot = jnp.arange(t)
+      if attention.choose(self.attention, t, decoding=False) == "blockwise":
+        out = attention.blockwise_attention(q, k, v, segment_bt)
+      else:
+        out = attention.dense_attention(q, k, v, segment_bt, segment_bt, jnp.arange(t),
+                                        jnp.arange(t))
     else:
       # The whole stack's cache rides in the scan carry and is updated in place
       # at [layer, :, index]; slicing per layer through scan outputs would copy it.
@@ -153,28 +157,9 @@ class Attention(nn.Module):
       v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
       keys = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
       values = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
-      q_slot = index + jnp.arange(t)
-      k_slot = jnp.arange(keys.shape[1])
       kv = (k_all, v_all, kv_segment, index)
-    mask_bts = ((segment_bt[:, :, None] == kv_segment[:, None, :])
-                & (kv_segment[:, None, :] != 0)
-                & (k_slot[None, None, :] <= q_slot[None, :, None]))
-
-    # Heads sharing a KV head are folded into the query axis: [B, kv, g*T, hd]
-    # x [B, kv, S, hd] is one batched matmul per KV head (fastest layout on CPU).
-    g = h // kvh
-    b = q.shape[0]
-    s_len = keys.shape[1]
-    qg = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)
-    kk = keys.astype(dt).transpose(0, 2, 1, 3)
-    vv = values.astype(dt).transpose(0, 2, 1, 3)
-    logits = jnp.einsum("bkqh,bksh->bkqs", qg, kk,
-                        preferred_element_type=jnp.float32) / math.sqrt(hd)
-    logits = jnp.where(mask_bts[:, None, None], logits.reshape(b, kvh, g, t, s_len), _NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(b, kvh, g * t, s_len)
-    out = jnp.einsum("bkqs,bksh->bkqh", probs, vv)
-    out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4)
-    out = out.reshape(out.shape[:2] + (h * hd,))
+      out = attention.dense_attention(q, keys, values, segment_bt, kv_segment,
+                                      index + jnp.arange(t), jnp.arange(keys.shape[1]))
     wo = _param(self, "o_kernel", (h, hd, d), ("heads", "head_dim", "embed"), pd)
     return dense(out, wo.reshape(h * hd, d).astype(dt)), kv
 
@@ -197,12 +182,13 @@ class Block(nn.Module):
 
   config: ModelConfig
   param_dtype: Any
+  attention: str = "auto"
 
   @nn.compact
   def __call__(self, carry, positions_bt, segment_bt, layer):
     c, pd = self.config, self.param_dtype
     x, kv = carry
-    y, kv = Attention(c, pd, name="attn")(
+    y, kv = Attention(c, pd, self.attention, name="attn")(
         RMSNorm(c.rms_norm_eps, param_dtype=pd, name="input_norm")(x),
         positions_bt, segment_bt, kv, layer)
     x = x + y
@@ -215,6 +201,7 @@ class Decoder(nn.Module):
   config: ModelConfig
   param_dtype: Any = jnp.float32
   remat: bool = False
+  attention: str = "auto"
 
   @nn.compact
   def __call__(self, tokens_bt, positions_bt, segment_bt, cache: KVCache | None = None,
@@ -234,7 +221,7 @@ class Decoder(nn.Module):
         in_axes=(nn.broadcast, nn.broadcast, 0),
         length=c.num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
-    )(c, pd, name="layers")
+    )(c, pd, self.attention, name="layers")
 
     layers = jnp.arange(c.num_layers)
     if cache is None:
@@ -269,7 +256,7 @@ def default_positions(segment_bt: jax.Array) -> jax.Array:
 def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
             positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
             cache: KVCache | None = None, remat: bool = False,
-            return_hidden: bool = False):
+            return_hidden: bool = False, attention_impl: str = "auto"):
   """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
 
   segment_ids: [B,T] ints, 0 for padding (default all ones). positions: [B,T]
@@ -277,6 +264,8 @@ def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
   cache's fill when decoding). Activations use the dtype of the parameters.
   With `cache`, returns `(logits, new_cache)`. With `return_hidden`, returns the
   final normed hidden states [B,T,D] instead of logits (for chunked heads).
+  attention_impl: "auto" (blockwise from `attention.BLOCKWISE_FROM` positions on,
+  never [T, T] logits), "dense" or "blockwise" (`rlvr.model.attention`).
   """
   if segment_ids is None:
     segment_ids = jnp.ones(tokens_bt.shape, jnp.int32)
@@ -285,7 +274,7 @@ def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
     if cache is not None:
       prior = jnp.sum(cache.segment_bs != 0, axis=-1, keepdims=True).astype(jnp.int32)
       positions = positions + prior
-  out, new_cache = Decoder(config, remat=remat).apply(
+  out, new_cache = Decoder(config, remat=remat, attention=attention_impl).apply(
       {"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden)
   return out if cache is None else (out, new_cache)
 
