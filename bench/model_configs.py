@@ -10,3 +10,27 @@ CONFIGS = {
                  num_layers=28, num_heads=12, num_kv_heads=2, head_dim=128,
                  tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6),
 }
+
+# HF config.json fields (shapes only) of the models the paper configs train, for
+# bench/plan.py: parameters never exist, the update step is only compiled.
+_QWEN2 = dict(architectures=["Qwen2ForCausalLM"], rope_theta=1e6, rms_norm_eps=1e-6,
+              max_position_embeddings=32768)
+PAPER_MODELS = {
+    "qwen25_3b": dict(_QWEN2, vocab_size=151936, hidden_size=2048, intermediate_size=11008,
+                      num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+                      tie_word_embeddings=True),
+    "qwen25_32b": dict(_QWEN2, vocab_size=152064, hidden_size=5120, intermediate_size=27648,
+                       num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
+                       tie_word_embeddings=False, rms_norm_eps=1e-5),
+    "qwen3_4b": dict(architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=2560,
+                     intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                     rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=40960),
+    "llama31_8b": dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096,
+                       intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, tie_word_embeddings=False, rope_theta=500000.0,
+                       rms_norm_eps=1e-5, max_position_embeddings=131072,
+                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0,
+                                         original_max_position_embeddings=8192)),
+}

@@ -119,7 +119,9 @@ def paper(name: str, *, steps: int, method: str = "rlvr", integer_answers: bool 
   c.rl.loop.max_response_len = 8192
   c.rl.loop.ppo_mini_batch_size = 256   # groups per optimizer step (2,048 rows)
   c.svs.refill_originals = False        # used only by method="svs"
-  c.rl.learner.micro_batches = 16
+  # One sequence of 12,288 tokens per device per micro-batch: what fits an 80 GB H100 at 32B
+  # (bench/plan.py; the README's plan table). Rows are split over data x fsdp.
+  c.rl.learner.micro_batches = 256 * 8 // fsdp
   c.rl.learner.remat = True
   c.rl.learner.compute_dtype = "bfloat16"
   c.reward.integer_answers = integer_answers

@@ -278,24 +278,26 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
   return new_state, metrics
 
 
-def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
-  """`update(state, batch) -> (state, metrics)`, jitted once per batch layout.
-
-  In/out shardings are fixed (state by the logical rules, batch split over the
-  data-parallel axes, metrics replicated) and the state is donated.
-  """
-  tx = make_optimizer(cfg)
+def jit_train_step(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, batch, rules=None):
+  """`train_step` jitted for batches shaped like `batch` (arrays or ShapeDtypeStructs):
+  state by the logical rules, batch split over the data-parallel axes, metrics
+  replicated, state donated. `.lower(...)` it to inspect a plan without running."""
   state_sh = state_shardings(model_cfg, cfg, mesh, rules)
-  step = functools.partial(train_step, model_cfg=model_cfg, cfg=cfg, tx=tx)
+  batch_sh = jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim, rules), batch)
+  step = functools.partial(train_step, model_cfg=model_cfg, cfg=cfg, tx=make_optimizer(cfg))
+  return jax.jit(step, in_shardings=(state_sh, batch_sh),
+                 out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
+
+
+def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
+  """`update(state, batch) -> (state, metrics)`, jitted once per batch layout
+  (`jit_train_step`)."""
   compiled: dict = {}
 
   def update(state: TrainState, batch: TrainBatch):
     key = jax.tree.structure(batch)
     if key not in compiled:
-      batch_sh = jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim, rules), batch)
-      compiled[key] = jax.jit(step, in_shardings=(state_sh, batch_sh),
-                              out_shardings=(state_sh, sharding.replicated(mesh)),
-                              donate_argnums=0)
+      compiled[key] = jit_train_step(model_cfg, cfg, mesh, batch, rules)
     return compiled[key](state, batch)
 
   return update
