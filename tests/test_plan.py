@@ -25,7 +25,7 @@ def test_plan_of_a_small_config_has_every_field(tmp_path):
   assert set(g) == {"params", "optimizer", "inputs (state + batch)",
                     "temporaries (grads, activations)", "outputs not aliased", "total"}
   assert 0 < g["params"] < g["inputs (state + batch)"] <= g["total"] < plan["budget_gib"]
-  assert g["optimizer"] == 2 * g["params"]         # Adam's two f32 moments, sharded alike
+  assert abs(g["optimizer"] / g["params"] - 2) < 1e-2   # Adam: two f32 moments (+ a count)
   assert plan["fits"] is True and plan["model_tflops_per_step_per_device"] > 0
   assert plan["xla_tflops_loop_bodies_once"] > 0
   assert "DOES NOT FIT" not in res.stdout and "fits" in res.stdout
