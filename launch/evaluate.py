@@ -64,7 +64,8 @@ def main(argv):
     for name, exs in sets.items():
       prompts = [Prompt(tuple(data_lib.format_prompt(tok, e.problem, FLAGS.instruction)),
                         e.answer, e.problem, name) for e in exs]
-      results[name] = evaluation.evaluate_set(sampler, prompts, score, ecfg, progress=True)
+      results[name] = evaluation.evaluate_set(sampler, prompts, score, ecfg, progress=True,
+                                              context=cfg.max_position_embeddings)
   report = evaluation.write_report(results, FLAGS.workdir, f"eval {FLAGS.model}")
   print(open(report["markdown"]).read())
 

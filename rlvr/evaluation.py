@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Callable, Sequence
 
@@ -12,6 +13,8 @@ import numpy as np
 from rlvr import metrics as metrics_lib
 from rlvr.loop import Prompt, rollout
 from rlvr.sampling.types import Sampler, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +36,33 @@ def score_fn(pool, reward_cfg) -> Callable:
   return score
 
 
-def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable, cfg: EvalConfig,
-                 progress: bool = False) -> dict:
-  """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...]}.
+def fitting(prompts: Sequence[Prompt], max_tokens: int, context: int | None,
+            name: str = "eval set") -> list[Prompt]:
+  """The prompts whose prompt + max_tokens fit the model's context; the rest are skipped
+  with a warning that counts them (never a crash halfway through an evaluation)."""
+  if context is None:
+    return list(prompts)
+  kept = [p for p in prompts if len(p.ids) + max_tokens <= context]
+  if len(kept) < len(prompts):
+    log.warning("%s: skipped %d of %d prompts longer than the model's context %d minus "
+                "max_tokens %d", name, len(prompts) - len(kept), len(prompts), context, max_tokens)
+  return kept
 
-  Each batch of prompts is one `rlvr.loop.rollout`, as in training.
+
+def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable, cfg: EvalConfig,
+                 progress: bool = False, context: int | None = None) -> dict:
+  """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...],
+  "skipped_too_long": count}.
+
+  Each batch of prompts is one `rlvr.loop.rollout`, as in training. With the
+  model's `context` (max positions), prompts that cannot fit prompt + max_tokens
+  are skipped and counted (`fitting`).
   """
+  total = len(prompts)
+  prompts = fitting(prompts, cfg.max_tokens, context)
+  if not prompts:
+    raise ValueError(f"evaluate_set: none of {total} prompts fits the model's context {context} "
+                     f"with max_tokens {cfg.max_tokens}; lower max_tokens")
   ks = metrics_lib.ks_up_to(cfg.n)
   per_seed = []
   for seed in cfg.seeds:
@@ -62,7 +86,8 @@ def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable
     })
   agg = lambda xs: (float(np.mean(xs)), float(np.std(xs)))
   return {
-      "n": cfg.n, "problems": len(prompts), "seeds": list(cfg.seeds),
+      "n": cfg.n, "problems": len(prompts), "skipped_too_long": total - len(prompts),
+      "seeds": list(cfg.seeds),
       "pass@k": {k: agg([s["pass@k"][k] for s in per_seed]) for k in ks},
       f"avg@{cfg.n}": agg([s[f"avg@{cfg.n}"] for s in per_seed]),
       "per_seed": per_seed,
@@ -97,8 +122,11 @@ def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for name, r in results.items():
     ks = sorted(r["pass@k"], key=int)
-    ax.errorbar([int(k) for k in ks], [r["pass@k"][k][0] for k in ks],
-                yerr=[r["pass@k"][k][1] for k in ks], marker="o", capsize=3, label=name)
+    means = [r["pass@k"][k][0] for k in ks]
+    stds = [r["pass@k"][k][1] for k in ks]
+    # std over seeds, clipped to [0, 1]: a rate's error bar does not leave the range
+    yerr = [[min(s, m) for m, s in zip(means, stds)], [min(s, 1 - m) for m, s in zip(means, stds)]]
+    ax.errorbar([int(k) for k in ks], means, yerr=yerr, marker="o", capsize=3, label=name)
   ax.set_xscale("log", base=2)
   ax.set_xlabel("k")
   ax.set_ylabel("pass@k")

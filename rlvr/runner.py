@@ -142,8 +142,9 @@ def make_sampler(run: Run, model_cfg, params):
 def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
   """pass@k of every eval set; with a tag, also a report under workdir/eval_<tag>."""
   ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
+  context = model_lib.ModelConfig.from_hf(run.model_dir).max_position_embeddings
   results = {name: evaluation.evaluate_set(sampler, prompts, score_fn, ecfg,
-                                           progress=tag is not None)
+                                           progress=tag is not None, context=context)
              for name, prompts in run.eval_prompts.items()}
   if tag is not None:
     evaluation.write_report(results, os.path.join(run.workdir, f"eval_{tag}"), f"eval {tag}")

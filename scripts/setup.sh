@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv with rlvr and its test extras; with --vllm also the vLLM CPU
-# server environment in .venvs/vllm (its own torch/transformers pins).
+# Creates .venv with rlvr (what the main job needs); with --vllm also the test
+# extras (PyTorch for the reference comparisons) and the vLLM CPU server
+# environment in .venvs/vllm (its own torch/transformers pins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,7 +13,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 pipq .venv/bin/pip install -q --upgrade pip
-pipq .venv/bin/pip install -q -e ".[test]"
+if [ "${1:-}" = "--vllm" ]; then
+  pipq .venv/bin/pip install -q -e ".[test]"
+else
+  pipq .venv/bin/pip install -q -e .
+fi
 
 if [ "${1:-}" = "--vllm" ]; then
   if [ ! -x .venvs/vllm/bin/python ]; then

@@ -139,3 +139,16 @@ def test_bad_sampling_params_are_named():
     SamplingParams(top_p=0.0)
   with pytest.raises(ValueError, match="max_tokens"):
     SamplingParams(max_tokens=0)
+
+
+def test_a_prompt_near_the_context_limit_fits_without_power_of_two_buckets(setup):
+  """1,100 prompt tokens + 256 new fit 2,048 positions, though 2,048 + 256 buckets do not
+  (the README's evaluate command on MATH with the tiny model used to crash here)."""
+  cfg, params, _, sampler = setup
+  assert cfg.max_position_embeddings == 2048
+  long_prompt = [5 + (i % 50) for i in range(1100)]
+  out = sampler.generate([long_prompt], SamplingParams(n=1, temperature=0.0, max_tokens=256,
+                                                      ignore_eos=True))[0][0]
+  assert len(out.token_ids) == 256
+  with pytest.raises(ValueError, match="1100 tokens \\+ max_tokens 1024 exceed"):
+    sampler.generate([long_prompt], SamplingParams(n=1, max_tokens=1024))

@@ -141,11 +141,15 @@ class JaxSampler:
     rows = [list(p) for p in prompt_token_ids for _ in range(n)]
     min_rows, min_p, min_new = self._min
     r_bucket = _bucket(len(rows), min_rows)
-    p_bucket = _bucket(max(len(p) for p in rows), min_p)
+    longest, ctx = max(len(p) for p in rows), self.config.max_position_embeddings
+    if longest + params.max_tokens > ctx:
+      raise ValueError(f"a prompt of {longest} tokens + max_tokens {params.max_tokens} exceed "
+                       f"the model's max_position_embeddings {ctx}")
+    p_bucket = _bucket(longest, min_p)
     new_bucket = _bucket(params.max_tokens, min_new)
-    if p_bucket + new_bucket > self.config.max_position_embeddings:
-      raise ValueError(f"prompt ({p_bucket}) + max_tokens ({new_bucket}) buckets exceed "
-                       f"max_position_embeddings {self.config.max_position_embeddings}")
+    if p_bucket + new_bucket > ctx:   # near the context limit: tighter, non-power-of-two shapes
+      new_bucket = max(params.max_tokens, min(new_bucket, ctx - longest))
+      p_bucket = min(p_bucket, ctx - new_bucket)
     tokens = np.full((r_bucket, p_bucket), self.pad_token_id, np.int32)
     seg = np.zeros((r_bucket, p_bucket), np.int32)
     for i, p in enumerate(rows):  # left padding: the last column is every row's last token
