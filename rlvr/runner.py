@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlvr import checkpoint, datasets, distributed, evaluation, learner, loop, methods
+from rlvr import checkpoint, datasets, distributed, evaluation, interrupt, learner, loop, methods
 from rlvr import metrics as metrics_lib, model as model_lib, rewards, settings, shaping
 from rlvr import sharding, sft
 from rlvr.data import format_prompt
@@ -153,26 +153,35 @@ def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
 
 
 def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, logp_fn):
-  """RL steps from state.step to rl.steps; checkpoints carry the method's state."""
+  """RL steps from state.step to rl.steps; checkpoints carry the method's state.
+
+  SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`).
+  """
   from tqdm import tqdm
   c = run.cfg
   start = int(jax.device_get(state.step))
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
   to_batch = lambda arrays: learner.TrainBatch(**distributed.global_batch(arrays, run.mesh))
+  save = lambda step: checkpoint.save(mngr, state, {"method": method.state(), "step": step})
   bar = tqdm(range(start, c.rl.steps), desc=method.name, unit="step", initial=start,
              total=c.rl.steps)
-  for step in bar:
-    state, m = loop.rl_step(state, update, method, env, step, to_batch, logp_fn)
-    if c.eval.every and (step + 1) % c.eval.every == 0:
-      for name, scores in evaluate(run, env.sampler, eval_score).items():
-        m.update({f"{name}_{k}": v for k, v in scores.items()})
-    writer.write(step, m)
-    post = {"acc": f"{m['accuracy']:.2f}", "ent": f"{m.get('entropy', 0):.2f}",
-            "kept": m["groups_kept"]}
-    post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
-    bar.set_postfix(post)
-    if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps:
-      checkpoint.save(mngr, state, {"method": method.state(), "step": step + 1})
+  with interrupt.GracefulStop("RL") as stop:
+    for step in bar:
+      state, m = loop.rl_step(state, update, method, env, step, to_batch, logp_fn)
+      if c.eval.every and (step + 1) % c.eval.every == 0:
+        for name, scores in evaluate(run, env.sampler, eval_score).items():
+          m.update({f"{name}_{k}": v for k, v in scores.items()})
+      writer.write(step, m)
+      post = {"acc": f"{m['accuracy']:.2f}", "ent": f"{m.get('entropy', 0):.2f}",
+              "kept": m["groups_kept"]}
+      post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
+      bar.set_postfix(post)
+      if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stop.requested:
+        save(step + 1)
+      if stop.requested:
+        writer.close()
+        stop.exit(f"after RL step {step + 1} of {c.rl.steps} (checkpoint under "
+                  f"{run.workdir}/checkpoints)")
   writer.close()
   return state
 

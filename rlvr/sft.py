@@ -60,7 +60,8 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
   import os
   import jax
   from transformers import AutoTokenizer
-  from rlvr import checkpoint, distributed, learner, metrics as metrics_lib, model as model_lib
+  from rlvr import checkpoint, distributed, interrupt, learner, metrics as metrics_lib
+  from rlvr import model as model_lib
   from rlvr.data import format_prompt
 
   out_dir = os.path.join(workdir, "model")
@@ -85,8 +86,11 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
 
   def on_step(step, m):
     writer.write(step, m)
-    if (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+    if ((step + 1) % checkpoint_every == 0 or stop.requested) and step + 1 < steps:
       checkpoint.save(mngr, state_ref[0], {"sft_step": step + 1})
+    if stop.requested and step + 1 < steps:
+      writer.close()
+      stop.exit(f"after SFT step {step + 1} of {steps} (checkpoint under {workdir}/checkpoints)")
 
   # run_sft hands back only the final state; keep a reference for checkpoints.
   state_ref = [state]
@@ -96,9 +100,10 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
     state_ref[0] = s
     return s, m
 
-  state = run_sft(state, update_and_keep, pairs, steps=steps, batch_size=batch_size,
-                  seq_len=seq_len, to_batch=to_batch, seed=seed, pad_id=pad_id,
-                  start_step=start, on_step=on_step, progress=progress)
+  with interrupt.GracefulStop("SFT") as stop:
+    state = run_sft(state, update_and_keep, pairs, steps=steps, batch_size=batch_size,
+                    seq_len=seq_len, to_batch=to_batch, seed=seed, pad_id=pad_id,
+                    start_step=start, on_step=on_step, progress=progress)
   writer.close()
   mngr.close()
   model_lib.save_hf(out_dir, m_cfg, state.params, tokenizer=tok)

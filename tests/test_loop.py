@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -137,17 +139,23 @@ def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir,
     sampler.close()
 
 
+# The method lives in tests/, not in rlvr/: the seam needs no library edit.
+_ENV = dict(os.environ, JAX_PLATFORMS="cpu",
+            PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), REPO]))
+
+
+def _command(workdir, *flags):
+  return [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
+          f"--workdir={workdir}", "--config.sft.steps=30", "--config.sft.learner.total_steps=30",
+          "--config.data.arithmetic.n_heldout=32", "--config.eval.sampling.n=2",
+          "--config.rl.loop.dynamic_sampling=False", "--config.rl.loop.prompts_per_step=4",
+          "--config.checkpoint.every=2", "--config.export_hf=False",
+          "--config.method=counting_method:make", *flags]
+
+
 def _train(workdir, *flags):
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
-         f"--workdir={workdir}", "--config.sft.steps=30", "--config.sft.learner.total_steps=30",
-         "--config.data.arithmetic.n_heldout=32", "--config.eval.sampling.n=2",
-         "--config.rl.loop.dynamic_sampling=False", "--config.rl.loop.prompts_per_step=4",
-         "--config.checkpoint.every=2", "--config.export_hf=False",
-         "--config.method=counting_method:make", *flags]
-  # The method lives in tests/, not in rlvr/: the seam needs no library edit.
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), REPO]))
-  out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  out = subprocess.run(_command(workdir, *flags), cwd=REPO, env=_ENV, capture_output=True,
+                       text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   return [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
 
@@ -156,17 +164,28 @@ _TIMING = ("time_", "tokens_per_s")
 
 
 @pytest.mark.slow
-def test_method_from_outside_the_library_resumes_with_its_own_state(tmp_path):
+def test_method_from_outside_the_library_stops_on_sigterm_and_resumes_with_its_state(tmp_path):
   full = _train(str(tmp_path / "full"), "--config.rl.steps=4")
-  # "killed" after step 2: the first invocation stops there (its checkpoint at 2 is the
-  # last thing it wrote for RL); the rerun of the same command resumes.
-  _train(str(tmp_path / "cut"), "--config.rl.steps=2")
-  resumed = _train(str(tmp_path / "cut"), "--config.rl.steps=4")
+  # The same command, stopped by SIGTERM once its first RL step is logged: it ends the
+  # step in progress, saves a checkpoint there and exits non-zero; the rerun resumes.
+  cut = tmp_path / "cut"
+  proc = subprocess.Popen(_command(str(cut), "--config.rl.steps=4"), cwd=REPO, env=_ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  rows = cut / "metrics.jsonl"
+  while proc.poll() is None and not (rows.exists() and rows.read_text().count("\n") >= 1):
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=600)
+  stopped_at = len(rows.read_text().splitlines())
+  assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+  assert f"stopped by SIGTERM after RL step {stopped_at} of 4" in err and stopped_at < 4
+  assert "rerun the same command to resume" in err
+  resumed = _train(str(cut), "--config.rl.steps=4")
   assert [r["step"] for r in resumed] == [0, 1, 2, 3]
   # The method's own counter and data position continue where the first invocation stopped.
   assert [r["counting_calls"] for r in resumed] == [1, 2, 3, 4]
   assert [r["counting_position"] for r in resumed] == [4, 8, 12, 16]
-  for a, b in zip(full[2:], resumed[2:]):
+  for a, b in zip(full[stopped_at:], resumed[stopped_at:]):
     for k in a:
       if not k.startswith(_TIMING):
         assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k

@@ -1,0 +1,52 @@
+"""Stop on Ctrl-C / SIGTERM between steps, never in the middle of one.
+
+The first SIGINT or SIGTERM asks the loop to stop after the step it is in
+(so the state is consistent and a checkpoint can be saved); a second one
+stops at once. Loops check `requested` after each step, save, and call
+`exit(where)`, which prints one line saying where the run stopped and how to
+resume, then exits with 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+
+class GracefulStop:
+  """Context manager: SIGINT / SIGTERM handlers for the duration of a loop (main thread)."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self, phase: str):
+    self.phase = phase
+    self.signum: int | None = None
+    self._previous = {}
+
+  @property
+  def requested(self) -> bool:
+    return self.signum is not None
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:   # a second signal: stop now
+      raise KeyboardInterrupt
+    self.signum = signum
+    print(f"\n{signal.Signals(signum).name}: finishing this {self.phase} step, then saving a "
+          "checkpoint (signal again to stop at once)", file=sys.stderr, flush=True)
+
+  def __enter__(self) -> GracefulStop:
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+  def exit(self, where: str):
+    """Prints where the run stopped and exits non-zero (128 + signal)."""
+    print(f"stopped by {signal.Signals(self.signum).name} {where}; rerun the same command to "
+          "resume", file=sys.stderr, flush=True)
+    raise SystemExit(128 + self.signum)
