@@ -1,12 +1,15 @@
-r"""RL training (SFT warm start, evaluation, GRPO) from an ml_collections config.
+r"""RL training (SFT warm start, evaluation, RL) from an ml_collections config.
 
   python -m launch.train --config=configs/tiny.py
   python -m launch.train --config=configs/tiny.py --config.rl.steps=5 --workdir=/tmp/run
+  python -m launch.train --config=configs/tiny.py --print_config     # resolved config, no run
 
-Rerunning the same command resumes from the work dir's last checkpoint.
+Rerunning the same command resumes from the work dir's last checkpoint; Ctrl-C
+or SIGTERM stops after the current step with a checkpoint saved.
 """
 
 import json
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -15,16 +18,34 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Work dir (default: the config's workdir).")
+flags.DEFINE_bool("print_config", False, "Print the resolved config and exit.")
+
+
+def parse_flags(argv):
+  """absl parsing, with a bad flag or config key reported in one line (exit 2)."""
+  try:
+    rest = FLAGS(argv)
+    FLAGS.config.to_dict()   # config files load lazily: fail here, not inside the run
+    return rest
+  except Exception as e:   # noqa: BLE001 - flags / config_flags raise many kinds
+    text = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split()).strip("'\" ")
+    if isinstance(e, AttributeError):   # ml_collections: a config key that does not exist
+      text = f"unknown config field {text}"
+    sys.stderr.write(f"launch.train: {text}\n")
+    sys.exit(2)
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
-  from rlvr import runner
   cfg = FLAGS.config
   if FLAGS.workdir:
     with cfg.unlocked():
       cfg.workdir = FLAGS.workdir
+  if FLAGS.print_config:
+    print(cfg)
+    return
+  from rlvr import runner
   summary = runner.run(cfg)
   print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=2))
   for k, v in summary.items():   # per-step lists on one line each
@@ -34,4 +55,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -148,6 +148,12 @@ def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
              for name, prompts in run.eval_prompts.items()}
   if tag is not None:
     evaluation.write_report(results, os.path.join(run.workdir, f"eval_{tag}"), f"eval {tag}")
+    for name, r in results.items():   # one line per set, after the progress bars
+      k = max(r["pass@k"], key=int)
+      skipped = f", {r['skipped_too_long']} too long skipped" if r["skipped_too_long"] else ""
+      print(f"eval {tag.replace('_', ' ')}: {name} pass@1 {100 * r['pass@k'][1][0]:.1f}% "
+            f"(pass@{k} {100 * r['pass@k'][k][0]:.1f}%), {r['problems']} problems{skipped}",
+            flush=True)
   return {name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()}
           for name, r in results.items()}
 

@@ -120,3 +120,21 @@ def test_paper_configs_take_verls_mini_batches_and_the_authors_svs_loop():
 def test_unknown_field_is_named():
   with pytest.raises(ValueError, match=r"RLConfig: unknown config fields \['batch'\]"):
     settings.frozen(loop.RLConfig, {"batch": 3})
+
+
+def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
+  import subprocess
+  import sys
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  ok = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
+                       "--config.rl.learner.micro_batches=4", "--print_config"],
+                      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert "micro_batches: 4" in ok.stdout and "svs_template: arithmetic" in ok.stdout
+  bad = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
+                        "--config.rl.learner.micro_batchs=4"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 2
+  lines = bad.stderr.strip().splitlines()
+  assert len(lines) == 1 and "micro_batchs" in lines[0] and "micro_batches" in lines[0], lines
+  assert "Traceback" not in bad.stderr
