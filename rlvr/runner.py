@@ -247,6 +247,8 @@ def run(cfg) -> dict:
     if "eval_before" not in r.progress:
       r.progress["eval_before"] = evaluate(r, sampler, eval_score, "before_rl")
       r.save_progress()
+    else:
+      print(f"eval before RL: done before, reusing {r.workdir}/progress.json", flush=True)
     env = loop.StepEnv(sampler, score, rl=settings.frozen(loop.RLConfig, cfg.rl.loop),
                        pad_id=r.pad_id, encode=r.encode, encode_task=r.encode_task,
                        answer_of=r.data.answer_of,

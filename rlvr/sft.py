@@ -66,6 +66,7 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
 
   out_dir = os.path.join(workdir, "model")
   if os.path.exists(os.path.join(out_dir, "config.json")):
+    print(f"SFT: done before, reusing {out_dir}", flush=True)
     return out_dir
   tok = AutoTokenizer.from_pretrained(model_dir)
   pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
