@@ -1,5 +1,6 @@
 r"""pass@k / avg@n of a model on one or more eval sets, over sampling seeds.
 
+  python -m launch.evaluate --run=workdir/tiny                # a finished run, its own settings
   python -m launch.evaluate --model=workdir/tiny/policy \
       --data=data/math_aime_eval.jsonl --n=8 --seeds=0,1,2 --max_tokens=1024
 
@@ -10,7 +11,10 @@ Samples in-process with JaxSampler, or from vLLM servers with --vllm_urls.
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", None, "HF model directory.", required=True)
+flags.DEFINE_string("run", None, "A finished run's work dir: its policy (RUN/policy) on the "
+                    "run's own eval sets, instruction and eval settings (RUN/config.json); "
+                    "flags given explicitly override them.")
+flags.DEFINE_string("model", None, "HF model directory (default with --run: RUN/policy).")
 flags.DEFINE_list("data", [], "Eval sets (parquet/jsonl/json); 'arithmetic' = the procedural "
                   "held-out split.")
 flags.DEFINE_string("workdir", "workdir/eval", "Output directory.")
@@ -38,14 +42,22 @@ def main(argv):
   from rlvr.loop import Prompt
   from rlvr.sampling import JaxSampler
 
-  cfg, params = model.load_hf(FLAGS.model)
-  tok = AutoTokenizer.from_pretrained(FLAGS.model)
+  sets, run_cfg = {}, None
+  if FLAGS.run:
+    run_cfg = _run_settings(FLAGS.run)
+    from rlvr import datasets
+    evals = datasets.prepare(run_cfg.data, run_cfg.seed).evals
+    sets = {name: exs[:FLAGS.limit or None] for name, exs in evals.items()}
+  model_dir = FLAGS.model or (os.path.join(FLAGS.run, "policy") if FLAGS.run else None)
+  if not model_dir:
+    raise app.UsageError("give --model=HF_DIR or --run=WORKDIR")
+  cfg, params = model.load_hf(model_dir)
+  tok = AutoTokenizer.from_pretrained(model_dir)
   if FLAGS.vllm_urls:
     from rlvr.sampling.vllm_sampler import VLLMSampler
     sampler = VLLMSampler(FLAGS.vllm_urls, model_config=cfg, eos_token_id=tok.eos_token_id)
   else:
     sampler = JaxSampler(cfg, params, tok)
-  sets = {}
   for path in FLAGS.data:
     if path == "arithmetic":
       from rlvr.tasks import arithmetic
@@ -54,20 +66,41 @@ def main(argv):
     else:
       exs = list(data_lib.read_dataset(path))
       sets[os.path.splitext(os.path.basename(path))[0]] = exs[:FLAGS.limit or None]
-  ecfg = evaluation.EvalConfig(n=FLAGS.n, seeds=tuple(int(s) for s in FLAGS.seeds),
-                               temperature=FLAGS.temperature, top_p=FLAGS.top_p,
-                               top_k=FLAGS.top_k, max_tokens=FLAGS.max_tokens)
-  rcfg = RewardConfig(integer_answers=FLAGS.integer_answers)
+  run_eval = run_cfg.eval.sampling if run_cfg else {}
+  pick = lambda name, run_value: (FLAGS[name].value if FLAGS[name].present or run_cfg is None
+                                  else run_value)
+  ecfg = evaluation.EvalConfig(
+      n=pick("n", run_eval.get("n")),
+      seeds=tuple(int(s) for s in pick("seeds", run_eval.get("seeds"))),
+      temperature=pick("temperature", run_eval.get("temperature")),
+      top_p=pick("top_p", run_eval.get("top_p")), top_k=pick("top_k", run_eval.get("top_k")),
+      max_tokens=pick("max_tokens", run_eval.get("max_tokens")))
+  instruction = pick("instruction", run_cfg.data.instruction if run_cfg else None)
+  extraction = run_cfg.reward.extraction if run_cfg else "boxed"
+  rcfg = RewardConfig(extraction=extraction, integer_answers=FLAGS.integer_answers)
+  workdir = pick("workdir", os.path.join(FLAGS.run or "", "eval_again"))
   results = {}
   with RewardPool(workers=FLAGS.reward_workers, timeout_s=rcfg.timeout_s) as pool:
     score = evaluation.score_fn(pool, rcfg)
     for name, exs in sets.items():
-      prompts = [Prompt(tuple(data_lib.format_prompt(tok, e.problem, FLAGS.instruction)),
+      prompts = [Prompt(tuple(data_lib.format_prompt(tok, e.problem, instruction)),
                         e.answer, e.problem, name) for e in exs]
       results[name] = evaluation.evaluate_set(sampler, prompts, score, ecfg, progress=True,
                                               context=cfg.max_position_embeddings)
-  report = evaluation.write_report(results, FLAGS.workdir, f"eval {FLAGS.model}")
+  report = evaluation.write_report(results, workdir, f"eval {model_dir}")
   print(open(report["markdown"]).read())
+
+
+def _run_settings(workdir: str):
+  """The resolved config a run saved (runner.setup writes WORKDIR/config.json)."""
+  import json
+  import os
+  import ml_collections
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise app.UsageError(f"--run: {path} not found; is {workdir} the work dir of a run?")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
 
 
 if __name__ == "__main__":

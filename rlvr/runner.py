@@ -103,6 +103,7 @@ def setup(cfg) -> Run:
   progress = _json(progress_path) if os.path.exists(progress_path) else {}
   model_dir = prepare_model(cfg)
   data = datasets.prepare(cfg.data, cfg.seed)
+  _json(os.path.join(workdir, "config.json"), cfg.to_dict())   # what launch.evaluate --run reads
   run = Run(cfg, workdir, progress, model_dir, AutoTokenizer.from_pretrained(model_dir),
             sharding.make_mesh(cfg.mesh.to_dict()), data, {})
   run.eval_prompts = {name: run.prompts(exs, name) for name, exs in data.evals.items()}

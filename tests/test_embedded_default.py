@@ -44,3 +44,11 @@ def test_embedded_default_runs_end_to_end(tmp_path):
   # The exported policy is an HF checkpoint transformers can load.
   from transformers import AutoModelForCausalLM
   AutoModelForCausalLM.from_pretrained(workdir / "policy")
+  # The finished run evaluated again on its own held-out set and settings (README command).
+  again = subprocess.run([sys.executable, "-m", "launch.evaluate", f"--run={workdir}",
+                          "--limit=16"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  report = json.loads((workdir / "eval_again" / "eval.json").read_text())
+  assert report["heldout"]["problems"] == 16 and report["heldout"]["n"] == 4
+  assert "| heldout |" in again.stdout
