@@ -89,25 +89,51 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def _running_mean(values, window: int):
+  out, acc = [], 0.0
+  for i, v in enumerate(values):
+    acc += v
+    if i >= window:
+      acc -= values[i - window]
+    out.append(acc / min(i + 1, window))
+  return out
+
+
 def plot_metrics(rows: Iterable[Mapping[str, Any]], keys: Iterable[str], path: str,
                  title: str = "") -> str:
-  """One small panel per metric over steps; saves a PNG."""
+  """One small panel per metric over steps; saves a PNG.
+
+  Per-step metrics are drawn as faint points under a running mean; metrics
+  logged only now and then (held-out evaluations) as a line with markers.
+  Panels whose metric never changes (or is never logged) are left out.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   rows = list(rows)
-  keys = [k for k in keys if any(k in r for r in rows)]
-  cols = min(3, max(1, len(keys)))
-  nrows = max(1, math.ceil(len(keys) / cols))
+  series = {}
+  for k in keys:
+    pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None
+           and not (isinstance(r[k], float) and math.isnan(r[k]))]
+    if len({v for _, v in pts}) > 1:
+      series[k] = pts
+  cols = min(3, max(1, len(series)))
+  nrows = max(1, math.ceil(len(series) / cols))
   fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
-  for ax, key in zip(axes.flat, keys):
-    pts = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
-    if pts:
-      ax.plot(*zip(*pts), marker=".", lw=1)
+  for ax, (key, pts) in zip(axes.flat, series.items()):
+    steps, values = zip(*pts)
+    if len(pts) < len(rows) / 2:   # sparse: evaluations every N steps
+      ax.plot(steps, values, marker="o", lw=1.2)
+    else:
+      window = max(3, len(pts) // 15)
+      line, = ax.plot(steps, values, ".", alpha=0.3, ms=3)
+      ax.plot(steps, _running_mean(list(values), window), color=line.get_color(), lw=1.5,
+              label=f"{window}-step mean")
+      ax.legend(fontsize=7, loc="best")
     ax.set_title(key, fontsize=9)
     ax.set_xlabel("step", fontsize=8)
     ax.grid(alpha=0.3)
-  for ax in list(axes.flat)[len(keys):]:
+  for ax in list(axes.flat)[len(series):]:
     ax.axis("off")
   if title:
     fig.suptitle(title)
