@@ -94,6 +94,16 @@ def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable
   }
 
 
+def _pass_at_k_curve(ax, r: dict, label: str) -> None:
+  """One evaluate_set result as a pass@k curve; the std over seeds as error bars, clipped
+  to [0, 1] (a rate's error bar does not leave the range)."""
+  ks = sorted(r["pass@k"], key=int)
+  means = [r["pass@k"][k][0] for k in ks]
+  stds = [r["pass@k"][k][1] for k in ks]
+  yerr = [[min(s, m) for m, s in zip(means, stds)], [min(s, 1 - m) for m, s in zip(means, stds)]]
+  ax.errorbar([int(k) for k in ks], means, yerr=yerr, marker="o", capsize=3, label=label)
+
+
 def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation") -> dict:
   """Markdown table, CSV, JSON and a pass@k curve PNG for {set name: evaluate_set result}."""
   os.makedirs(outdir, exist_ok=True)
@@ -121,12 +131,7 @@ def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for name, r in results.items():
-    ks = sorted(r["pass@k"], key=int)
-    means = [r["pass@k"][k][0] for k in ks]
-    stds = [r["pass@k"][k][1] for k in ks]
-    # std over seeds, clipped to [0, 1]: a rate's error bar does not leave the range
-    yerr = [[min(s, m) for m, s in zip(means, stds)], [min(s, 1 - m) for m, s in zip(means, stds)]]
-    ax.errorbar([int(k) for k in ks], means, yerr=yerr, marker="o", capsize=3, label=name)
+    _pass_at_k_curve(ax, r, name)
   ax.set_xscale("log", base=2)
   ax.set_xlabel("k")
   ax.set_ylabel("pass@k")
@@ -137,3 +142,29 @@ def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation
   fig.savefig(os.path.join(outdir, "pass_at_k.png"), dpi=110)
   plt.close(fig)
   return {"markdown": os.path.join(outdir, "eval.md")}
+
+
+def plot_comparison(reports: dict[str, dict], path: str, title: str = "pass@k") -> str:
+  """pass@k curves of several evaluations ({label: {set: evaluate_set result}}) on one
+  figure, one panel per eval set, same y-range, error bars clipped to [0, 1]."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  sets = sorted({name for r in reports.values() for name in r})
+  fig, axes = plt.subplots(1, len(sets), figsize=(4.5 * len(sets), 3.5), squeeze=False)
+  for ax, name in zip(axes[0], sets):
+    for label, results in reports.items():
+      if name not in results:
+        continue
+      _pass_at_k_curve(ax, results[name], label)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.set_title(f"{title}: {name}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

@@ -204,6 +204,11 @@ def write_summary(run: Run, method, seconds: float) -> dict:
       metrics_lib.plot_metrics(rows, method.plot_keys,
                                os.path.join(run.workdir, f"{method.name}.png"),
                                title=f"{name}: {method.name}")
+  reports = {label: os.path.join(run.workdir, f"eval_{tag}", "eval.json")
+             for label, tag in (("before RL", "before_rl"), ("after RL", "after_rl"))}
+  if all(os.path.exists(p) for p in reports.values()):
+    evaluation.plot_comparison({label: _json(p) for label, p in reports.items()},
+                               os.path.join(run.workdir, "pass_at_k.png"), name)
   summary = {
       "steps": run.cfg.rl.steps,
       "eval_before_rl": run.progress["eval_before"],

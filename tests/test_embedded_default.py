@@ -37,7 +37,8 @@ def test_embedded_default_runs_end_to_end(tmp_path):
   assert summary["buffer_types_per_step"] == [
       {f"type{t}": r[f"type{t}_groups"] for t in (1, 2, 3)} for r in rows]
   for name in ("training.png", "svs.png", "eval_before_rl/eval.md", "eval_after_rl/pass_at_k.png",
-               "eval_after_rl/eval.csv", "policy/config.json", "policy/model.safetensors",
+               "eval_after_rl/eval.csv", "pass_at_k.png", "policy/config.json",
+               "policy/model.safetensors",
                "sft/model/config.json", "sft/metrics.jsonl"):
     assert (workdir / name).exists(), name
   assert any(f.startswith("events") for f in os.listdir(workdir / "tensorboard"))
