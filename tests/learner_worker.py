@@ -59,6 +59,7 @@ def main():
   ap.add_argument("--ckpt", default=None)
   ap.add_argument("--save_at", type=int, default=-1)
   ap.add_argument("--resume", action="store_true")
+  ap.add_argument("--export", default=None, help="also save_hf the final policy here")
   a = ap.parse_args()
 
   import jax
@@ -85,6 +86,8 @@ def main():
     state, metrics = update(state, batch)
     if mngr is not None and step + 1 == a.save_at:
       checkpoint.save(mngr, state, {"data_position": step + 1})
+  if a.export:   # every process calls it: tensors are gathered one by one, process 0 writes
+    model.save_hf(a.export, cfg, state.params)
   from jax.experimental import multihost_utils
   host = multihost_utils.process_allgather(state.params, tiled=True)
   if a.process_id == 0:

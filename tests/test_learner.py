@@ -148,7 +148,8 @@ def test_multi_host_equals_single_process(tiny, tmp_path):
   port = free_port()
   procs = [_worker(["--model", path, "--out", str(tmp_path / "mh.npz"), "--steps", "3",
                     "--mesh", "fsdp=4", "--devices", "2", "--num_processes", "2",
-                    "--process_id", str(i), "--port", str(port)]) for i in range(2)]
+                    "--process_id", str(i), "--port", str(port),
+                    "--export", str(tmp_path / "hf")]) for i in range(2)]
   assert [p.wait(timeout=600) for p in procs] == [0, 0]
   single = _worker(["--model", path, "--out", str(tmp_path / "sp.npz"), "--steps", "3",
                     "--mesh", "fsdp=4", "--devices", "4"])
@@ -157,6 +158,12 @@ def test_multi_host_equals_single_process(tiny, tmp_path):
   assert mh.keys() == sp.keys() and int(mh["__step__"]) == 3
   for k in sp:
     np.testing.assert_allclose(mh[k], sp[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  # The HF export of parameters sharded over both processes: written once, by process 0,
+  # and equal to the gathered parameters.
+  _, exported = model.load_hf(str(tmp_path / "hf"))
+  for (p, x) in jax.tree_util.tree_leaves_with_path(exported):
+    key = "/".join(str(getattr(k, "key", k)) for k in p)
+    np.testing.assert_array_equal(np.asarray(x), mh[key], err_msg=key)
 
 
 @pytest.mark.slow

@@ -207,15 +207,26 @@ def load_hf(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None,
 
 
 # ------------------------------------------------------------------- writing
+def to_host(x) -> np.ndarray:
+  """The whole array as numpy on this host; an array that spans several processes
+  (multi-host) is gathered from all of them, so every process must call this."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
 def hf_tensors(config: ModelConfig, params, untie_embeddings: bool = False
                ) -> Iterator[tuple[str, np.ndarray]]:
   """Yields (HF key, numpy array) for every tensor of the checkpoint.
 
   untie_embeddings: for a tied model, also yield `lm_head.weight` (a copy of the
-  embedding), to be written with a config that says untied.
+  embedding), to be written with a config that says untied. Tensors are fetched
+  one at a time (`to_host`), never the whole model at once; with several
+  processes every one of them must iterate (each fetch is collective).
   """
   if untie_embeddings and config.tie_word_embeddings:
-    yield "lm_head.weight", np.asarray(jax.device_get(params["embedding"]))
+    yield "lm_head.weight", to_host(params["embedding"])
   for rule, leaf in active_rules(config):
     value = _get(params, rule.path)
     if value is None:
@@ -223,7 +234,7 @@ def hf_tensors(config: ModelConfig, params, untie_embeddings: bool = False
     if tuple(value.shape) != tuple(leaf.shape):
       raise CheckpointError(f"params: {'/'.join(rule.path)} has shape {tuple(value.shape)}, "
                             f"config needs {tuple(leaf.shape)}")
-    host = np.asarray(jax.device_get(value))
+    host = to_host(value)
     if rule.per_layer:
       for i in range(config.num_layers):
         yield rule.hf.format(i=i), _to_hf(host[i], rule.layout)
@@ -240,13 +251,20 @@ def save_hf(path: str, config: ModelConfig, params, tokenizer=None, *,
     vLLM's in-place `reload_weights` refreshes the embedding but leaves a tied
     LM head on the old weights, so checkpoints served for RL are written untied.
   The result loads with transformers' `from_pretrained` and in vLLM.
+  Multi-host: every process calls this (tensors are gathered collectively);
+  process 0 writes, the others wait for it. `path` must be on a file system that
+  process 0 can write.
   """
   path = os.fspath(path)
-  os.makedirs(path, exist_ok=True)
+  writer = jax.process_index() == 0
+  if writer:
+    os.makedirs(path, exist_ok=True)
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
   np_dtype = None if dtype is None else np.dtype(jnp.dtype(dtype))
   for key, arr in hf_tensors(config, params, untie_embeddings):
+    if not writer:
+      continue
     if np_dtype is not None:
       arr = arr.astype(np_dtype)
     if shards[-1] and size + arr.nbytes > max_shard_bytes:
@@ -254,6 +272,9 @@ def save_hf(path: str, config: ModelConfig, params, tokenizer=None, *,
       size = 0
     shards[-1][key] = np.ascontiguousarray(arr)
     size += arr.nbytes
+  if not writer:
+    _wait_for_writer(path)
+    return path
   first = next(iter(shards[0].values()))
   dtype_name = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}.get(
       first.dtype, "bfloat16")
@@ -278,4 +299,12 @@ def save_hf(path: str, config: ModelConfig, params, tokenizer=None, *,
     json.dump(config.to_hf(dtype_name), f, indent=2)
   if tokenizer is not None:
     tokenizer.save_pretrained(path)
+  _wait_for_writer(path)
   return path
+
+
+def _wait_for_writer(path: str) -> None:
+  """Multi-host: every process leaves save_hf once process 0 has written `path`."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"save_hf {path}")
