@@ -1,0 +1,299 @@
+"""Composition-RL's sequential prompt composition (METHODS.md "Composition-RL"), pure.
+
+Compose(q1, q2; gt1, gt2) -> (q12, gt2) in three assistant steps, each checked:
+  1. define: a number v1 of gt1 becomes a variable X with a definition d1 in words;
+  2. replace: a numeric constant v2 of q2 becomes a variable Y, giving q2';
+  3. relate: a sentence stating Y through X from v1 - v2;
+  q12 = q1 + d1 + relation + q2', answer gt2.
+Verification, each its own assistant call: V1 recomputes X from q1 and d1, V2
+recovers the constant Y replaced, V3 checks the whole problem (relation, names);
+the code itself checks tags, numbers, v1 in gt1, v2 in q2, name clashes and
+the relation's arithmetic. Depth K: SPC(q1..qK) = Compose(q1, SPC(q2..qK)).
+
+The assistant enters as `complete(prompts) -> texts` and answer equivalence as
+`equivalent(a, b) -> bool` (the trainer passes math-verify), so this module
+imports nothing of the project. Rules the paper leaves open:
+- v1 must be one of the numbers written in gt1 (for "(2, 3)" either 2 or 3); an
+  answer with no number cannot be a first problem;
+- the relation states Y through X: "Y is d less than X" when v1 - v2 = d > 0,
+  "Y is |d| more than X" when d < 0, "Y equals X" when d = 0; the assistant
+  words it, the code checks the difference it reports;
+- a rejection is final for that chain (no retry); reasons are counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+from fractions import Fraction
+from typing import Callable, Sequence
+
+_PROMPTS = os.path.join(os.path.dirname(__file__), "prompts")
+Complete = Callable[[list[str]], list[str]]
+
+
+def _template(name: str) -> str:
+  with open(os.path.join(_PROMPTS, f"composition_{name}.txt")) as f:
+    return f.read()
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  text: str
+  answer: str
+  id: str = ""
+  source: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Composed:
+  """q12 with provenance: the ids composed (outermost first), depth, v1, v2, relation."""
+  problem: Problem
+  ids: tuple[str, ...]
+  depth: int
+  v1: str
+  v2: str
+  x: str
+  y: str
+  relation: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  composed: Composed | None
+  reason: str            # "accepted", or why the chain was rejected
+  stage: str = ""        # define / replace / relate / v1 / v2 / v3
+
+
+# ------------------------------------------------------------------ parsing
+def tag(text: str, name: str) -> str | None:
+  """Content of the last <name>...</name> in text (chatter around it is fine)."""
+  found = re.findall(rf"<{name}>(.*?)</{name}>", text, re.DOTALL | re.IGNORECASE)
+  return found[-1].strip() if found else None
+
+
+_FRAC = re.compile(r"^(-?)\\d?frac\{(-?\d+)\}\{(-?\d+)\}$")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+
+
+def parse_number(s: str | None) -> Fraction | None:
+  """An exact number from "12", "-3.5", "1,000", "3/4", "\\frac{3}{4}", "$12$"; else None."""
+  if s is None:
+    return None
+  s = s.strip().strip("$").replace(",", "").replace(" ", "").replace("\\!", "")
+  s = s.replace("\\left", "").replace("\\right", "")
+  m = _FRAC.match(s)
+  if m:
+    sign, num, den = m.groups()
+    return None if int(den) == 0 else (-1 if sign else 1) * Fraction(int(num), int(den))
+  if re.fullmatch(r"-?\d+(\.\d+)?", s):
+    return Fraction(s)
+  if re.fullmatch(r"-?\d+/\d+", s) and not s.endswith("/0"):
+    return Fraction(s)
+  return None
+
+
+def numbers_in(text: str) -> list[Fraction]:
+  """Every number written in a text (fractions \\frac{a}{b} included)."""
+  out = [Fraction(int(a), int(b)) for a, b in re.findall(r"\\d?frac\{(\d+)\}\{(\d+)\}", text)
+         if int(b)]
+  cleaned = re.sub(r"\\d?frac\{\d+\}\{\d+\}", " ", text).replace(",", "")
+  out += [Fraction(m) for m in _NUMBER.findall(cleaned) if not m.endswith("/0")]
+  return out
+
+
+def default_equivalent(a: str, b: str) -> bool:
+  """Exact numeric equality when both parse, else equal text."""
+  x, y = parse_number(a), parse_number(b)
+  return x == y if x is not None and y is not None else a.strip() == b.strip()
+
+
+def clashes(name: str, *texts: str) -> bool:
+  """Whether `name` already stands as a symbol in any text (not inside a longer word)."""
+  pattern = rf"(?<![A-Za-z\\]){re.escape(name)}(?![A-Za-z])"
+  return any(re.search(pattern, t) for t in texts)
+
+
+def symbols(text: str) -> list[str]:
+  """Single letters standing alone in a text (the names a new variable must avoid)."""
+  return sorted(set(re.findall(r"(?<![A-Za-z\\])[A-Za-z](?![A-Za-z])", text)))
+
+
+def _valid_name(name: str | None) -> bool:
+  return bool(name) and re.fullmatch(r"[A-Za-z](?:_?\w{0,2})?", name) is not None
+
+
+def _fmt(v: Fraction) -> str:
+  return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
+
+
+# ------------------------------------------------------------------ one composition
+@dataclasses.dataclass
+class _Work:
+  q1: Problem
+  q2: Problem
+  x: str = ""
+  v1: Fraction | None = None
+  definition: str = ""
+  y: str = ""
+  v2: Fraction | None = None
+  rewritten: str = ""
+  relation: str = ""
+  reason: str = ""
+  stage: str = ""
+
+  def reject(self, stage: str, reason: str) -> None:
+    self.stage, self.reason = stage, reason
+
+  @property
+  def text(self) -> str:
+    return f"{self.q1.text}\n\n{self.definition}\n\n{self.relation}\n\n{self.rewritten}"
+
+
+def _step(works: list[_Work], complete: Complete, prompt: Callable[[_Work], str],
+          parse: Callable[[_Work, str], None]) -> None:
+  """One batched assistant call for the works still alive; parse() may reject."""
+  alive = [w for w in works if not w.reason]
+  if alive:
+    for w, out in zip(alive, complete([prompt(w) for w in alive])):
+      parse(w, out or "")
+
+
+def _parse_define(w: _Work, out: str) -> None:
+  x, value, definition = tag(out, "variable"), tag(out, "value"), tag(out, "definition")
+  if x is None or value is None or definition is None:
+    return w.reject("define", "missing tag")
+  w.v1 = parse_number(value)
+  if w.v1 is None:
+    return w.reject("define", "value is not a number")
+  if w.v1 not in numbers_in(w.q1.answer):
+    return w.reject("define", "value is not a number of the answer")
+  if not _valid_name(x) or clashes(x, w.q1.text, w.q2.text):
+    return w.reject("define", "name clash")
+  w.x, w.definition = x, definition
+
+
+def _parse_replace(w: _Work, out: str) -> None:
+  y, removed, rewritten = tag(out, "variable"), tag(out, "removed"), tag(out, "problem")
+  if y is None or removed is None or rewritten is None:
+    return w.reject("replace", "missing tag")
+  w.v2 = parse_number(removed)
+  if w.v2 is None:
+    return w.reject("replace", "value is not a number")
+  if w.v2 not in numbers_in(w.q2.text):
+    return w.reject("replace", "removed constant is not in the problem")
+  if not _valid_name(y) or y == w.x or clashes(y, w.q1.text, w.q2.text, w.definition):
+    return w.reject("replace", "name clash")
+  if not clashes(y, rewritten):
+    return w.reject("replace", "rewritten problem does not use the new variable")
+  w.y, w.rewritten = y, rewritten
+
+
+def _parse_relate(w: _Work, out: str) -> None:
+  relation, difference = tag(out, "relation"), tag(out, "difference")
+  if relation is None or difference is None:
+    return w.reject("relate", "missing tag")
+  d = parse_number(difference)
+  if d is None:
+    return w.reject("relate", "value is not a number")
+  if d != w.v1 - w.v2 or not (clashes(w.x, relation) and clashes(w.y, relation)):
+    return w.reject("relate", "wrong relation arithmetic")
+  w.relation = relation
+
+
+def _checked(stage: str, want: Callable[[_Work], Fraction], equivalent):
+  def parse(w: _Work, out: str) -> None:
+    value = tag(out, "value")
+    if value is None:
+      return w.reject(stage, "missing tag")
+    if value.strip().lower() == "none" or not equivalent(value, _fmt(want(w))):
+      return w.reject(stage, f"{stage} recomputation differs")
+  return parse
+
+
+def _parse_whole(w: _Work, out: str) -> None:
+  verdict = tag(out, "verdict")
+  if verdict is None:
+    return w.reject("v3", "missing tag")
+  if verdict.strip().lower() != "yes":
+    return w.reject("v3", f"v3 rejected: {tag(out, 'reason') or 'no reason given'}")
+
+
+def compose(pairs: Sequence[tuple[Problem, Problem]], complete: Complete,
+            equivalent: Callable[[str, str], bool] = default_equivalent,
+            depth: int = 2) -> list[Outcome]:
+  """Compose(q1, q2) for each pair: six batched assistant calls (three steps, three checks)."""
+  works = [_Work(q1, q2) for q1, q2 in pairs]
+  for w in works:
+    if not numbers_in(w.q1.answer):
+      w.reject("define", "answer has no number")
+  t_def, t_rep, t_rel = _template("define"), _template("replace"), _template("relate")
+  t_v1, t_v2, t_v3 = (_template("check_define"), _template("check_replace"),
+                      _template("check_whole"))
+  _step(works, complete, lambda w: t_def.format(problem=w.q1.text, answer=w.q1.answer,
+                                                avoid=", ".join(symbols(w.q2.text)) or "-"),
+        _parse_define)
+  _step(works, complete, lambda w: t_rep.format(problem=w.q2.text, taken=w.x), _parse_replace)
+  _step(works, complete, lambda w: t_rel.format(x=w.x, v1=_fmt(w.v1), y=w.y, v2=_fmt(w.v2)),
+        _parse_relate)
+  _step(works, complete, lambda w: t_v1.format(problem=w.q1.text, definition=w.definition,
+                                               x=w.x), _checked("v1", lambda w: w.v1, equivalent))
+  _step(works, complete, lambda w: t_v2.format(original=w.q2.text, rewritten=w.rewritten,
+                                               y=w.y), _checked("v2", lambda w: w.v2, equivalent))
+  _step(works, complete, lambda w: t_v3.format(problem=w.text, x=w.x, v1=_fmt(w.v1), y=w.y,
+                                               v2=_fmt(w.v2)), _parse_whole)
+  out = []
+  for w in works:
+    if w.reason:
+      out.append(Outcome(None, w.reason, w.stage))
+      continue
+    q12 = Problem(w.text, w.q2.answer, f"{w.q1.id}+{w.q2.id}", w.q2.source)
+    inner_ids = w.q2.id.split("+") if "+" in w.q2.id else [w.q2.id]
+    out.append(Outcome(Composed(q12, (w.q1.id, *inner_ids), depth, _fmt(w.v1), _fmt(w.v2),
+                                w.x, w.y, w.relation), "accepted"))
+  return out
+
+
+def compose_chains(chains: Sequence[Sequence[Problem]], complete: Complete,
+                   equivalent: Callable[[str, str], bool] = default_equivalent) -> list[Outcome]:
+  """SPC(q1..qK) = Compose(q1, SPC(q2..qK)) for chains of one length K >= 2, innermost
+  first, one batched `compose` per level; the answer is gt_K."""
+  if not chains:
+    return []
+  k = len(chains[0])
+  if k < 2 or any(len(c) != k for c in chains):
+    raise ValueError(f"compose_chains: chains must share one length >= 2, got "
+                     f"{sorted({len(c) for c in chains})}")
+  inner: list[Outcome | Problem] = [c[-1] for c in chains]
+  for level in range(k - 2, -1, -1):
+    todo = [i for i, x in enumerate(inner) if isinstance(x, Problem) or x.composed]
+    pairs = [(chains[i][level], inner[i] if isinstance(inner[i], Problem)
+              else inner[i].composed.problem) for i in todo]
+    for i, outcome in zip(todo, compose(pairs, complete, equivalent, depth=k - level)):
+      inner[i] = outcome
+  return list(inner)
+
+
+# ------------------------------------------------------------------ what to compose
+def surrogate_pools(problems: Sequence[Problem], depth: int, pool_size: int,
+                    rng: random.Random) -> list[list[Problem]]:
+  """Positions 1..K-1 draw from small fixed pools (paper: 20), position K from all."""
+  return [rng.sample(list(problems), min(pool_size, len(problems))) for _ in range(depth - 1)]
+
+
+def draw_chain(problems: Sequence[Problem], pools: Sequence[Sequence[Problem]],
+               rng: random.Random, tries: int = 100) -> list[Problem]:
+  """One chain: pools[i] for position i+1, the full set for the last; no problem twice."""
+  for _ in range(tries):
+    chain = [rng.choice(list(pool)) for pool in pools] + [rng.choice(list(problems))]
+    if len({p.id for p in chain}) == len(chain):
+      return chain
+  raise ValueError("draw_chain: could not draw distinct problems; pools are too small")
+
+
+def cross_domain_pairs(first: Sequence[Problem], second: Sequence[Problem], n: int,
+                       rng: random.Random) -> list[tuple[Problem, Problem]]:
+  """n pairs with q1 from `first` (e.g. physics) and q2 from `second` (math): gt2 is kept."""
+  return [(rng.choice(list(first)), rng.choice(list(second))) for _ in range(n)]
