@@ -297,3 +297,65 @@ def cross_domain_pairs(first: Sequence[Problem], second: Sequence[Problem], n: i
                        rng: random.Random) -> list[tuple[Problem, Problem]]:
   """n pairs with q1 from `first` (e.g. physics) and q2 from `second` (math): gt2 is kept."""
   return [(rng.choice(list(first)), rng.choice(list(second))) for _ in range(n)]
+
+
+# ------------------------------------------------------------------ the depth curriculum
+@dataclasses.dataclass(frozen=True)
+class CurriculumConfig:
+  """Train on depth 1, then 2, then 3 (paper: each stage from the previous one's end).
+
+  A stage ends after `max_steps` steps in it, or earlier once the solve_all rate
+  of its last `window` steps averages at least `solve_all_threshold` (the paper
+  moves on when solve_all is high; 0 disables that rule).
+  """
+  depths: tuple[int, ...] = (1, 2, 3)
+  max_steps: int = 100
+  solve_all_threshold: float = 0.0
+  window: int = 10
+
+  def __post_init__(self):
+    if not self.depths or any(d < 1 for d in self.depths):
+      raise ValueError(f"depths: expected depths >= 1, got {self.depths}")
+    if self.max_steps < 1 or self.window < 1:
+      raise ValueError("max_steps and window: must be >= 1")
+    if not 0.0 <= self.solve_all_threshold <= 1.0:
+      raise ValueError(f"solve_all_threshold: must be in [0, 1], got {self.solve_all_threshold}")
+
+
+class Curriculum:
+  """Which depth to train on; `record(solve_all)` after each step; JSON-able state."""
+
+  def __init__(self, cfg: CurriculumConfig):
+    self.cfg = cfg
+    self.stage, self.steps_in_stage, self.recent = 0, 0, []
+    self.switches: list[int] = []   # global step counts at which a new stage began
+    self.total_steps = 0
+
+  @property
+  def depth(self) -> int:
+    return self.cfg.depths[self.stage]
+
+  def record(self, solve_all: float) -> bool:
+    """Counts one step of the current stage; True when the next step starts a new stage."""
+    self.total_steps += 1
+    self.steps_in_stage += 1
+    self.recent = (self.recent + [float(solve_all)])[-self.cfg.window:]
+    if self.stage + 1 >= len(self.cfg.depths):
+      return False
+    high = (self.cfg.solve_all_threshold > 0 and len(self.recent) == self.cfg.window
+            and sum(self.recent) / self.cfg.window >= self.cfg.solve_all_threshold)
+    if self.steps_in_stage >= self.cfg.max_steps or high:
+      self.stage, self.steps_in_stage, self.recent = self.stage + 1, 0, []
+      self.switches.append(self.total_steps)
+      return True
+    return False
+
+  def state(self) -> dict:
+    return {"stage": self.stage, "steps_in_stage": self.steps_in_stage, "recent": self.recent,
+            "switches": self.switches, "total_steps": self.total_steps}
+
+  def restore(self, state: dict) -> None:
+    self.stage, self.steps_in_stage = int(state["stage"]), int(state["steps_in_stage"])
+    self.recent = [float(x) for x in state["recent"]]
+    self.switches = [int(x) for x in state["switches"]]
+    self.total_steps = int(state["total_steps"])

@@ -203,3 +203,27 @@ def test_cross_domain_pairs_take_q1_from_the_first_source_and_q2_from_the_second
   pairs = comp.cross_domain_pairs(physics, math, 50, random.Random(1))
   assert len(pairs) == 50
   assert all(a.source == "physics" and b.source == "math" for a, b in pairs)
+
+
+def test_curriculum_switches_exactly_where_the_rule_says_and_resumes_there():
+  cfg = comp.CurriculumConfig(depths=(1, 2, 3), max_steps=6, solve_all_threshold=0.5, window=3)
+  cur = comp.Curriculum(cfg)
+  # depth 1: solve_all 0.2, 0.6, 0.6, 0.8 -> 3-step means 0.47 (step 3), 0.67 (step 4)
+  series = [0.2, 0.6, 0.6, 0.8]
+  assert [cur.record(s) for s in series] == [False, False, False, True]
+  assert cur.depth == 2 and cur.switches == [4]
+  # depth 2: never high -> switches after max_steps = 6 steps in the stage
+  flags = [cur.record(0.1) for _ in range(6)]
+  assert flags == [False] * 5 + [True] and cur.depth == 3 and cur.switches == [4, 10]
+  # a killed run resumes at the same depth, mid-window
+  cur.record(0.9)
+  saved = json_roundtrip(cur.state())
+  again = comp.Curriculum(cfg)
+  again.restore(saved)
+  assert again.depth == 3 and again.state() == cur.state()
+  assert not again.record(1.0)   # the last stage never ends
+
+
+def json_roundtrip(obj):
+  import json
+  return json.loads(json.dumps(obj))
