@@ -107,7 +107,9 @@ class Group:
 
   @property
   def mixed(self) -> bool:
-    return bool(self.rewards.max() > self.rewards.min())
+    """Some but not all responses correct (DAPO's dynamic-sampling filter: by accuracy, so
+    shaping terms such as the overlong penalty do not make a solved group 'mixed')."""
+    return bool(self.correct.any() and not self.correct.all())
 
 
 ScoreFn = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray]]
