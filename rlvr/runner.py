@@ -57,6 +57,7 @@ class Run:
   mesh: Any
   data: datasets.RunData
   eval_prompts: dict[str, list[loop.Prompt]]
+  context: int                   # the model's max positions (evaluation skips longer prompts)
 
   @property
   def pad_id(self) -> int:
@@ -105,7 +106,8 @@ def setup(cfg) -> Run:
   data = datasets.prepare(cfg.data, cfg.seed)
   _json(os.path.join(workdir, "config.json"), cfg.to_dict())   # what launch.evaluate --run reads
   run = Run(cfg, workdir, progress, model_dir, AutoTokenizer.from_pretrained(model_dir),
-            sharding.make_mesh(cfg.mesh.to_dict()), data, {})
+            sharding.make_mesh(cfg.mesh.to_dict()), data, {},
+            model_lib.ModelConfig.from_hf(model_dir).max_position_embeddings)
   run.eval_prompts = {name: run.prompts(exs, name) for name, exs in data.evals.items()}
   return run
 
@@ -143,9 +145,8 @@ def make_sampler(run: Run, model_cfg, params):
 def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
   """pass@k of every eval set; with a tag, also a report under workdir/eval_<tag>."""
   ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
-  context = model_lib.ModelConfig.from_hf(run.model_dir).max_position_embeddings
   results = {name: evaluation.evaluate_set(sampler, prompts, score_fn, ecfg,
-                                           progress=tag is not None, context=context)
+                                           progress=tag is not None, context=run.context)
              for name, prompts in run.eval_prompts.items()}
   if tag is not None:
     evaluation.write_report(results, os.path.join(run.workdir, f"eval_{tag}"), f"eval {tag}")

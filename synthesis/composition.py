@@ -161,13 +161,25 @@ def _step(works: list[_Work], complete: Complete, prompt: Callable[[_Work], str]
       parse(w, out or "")
 
 
+def _tags_and_number(w: _Work, out: str, stage: str, names: Sequence[str], number: str):
+  """The named tags of one step's output and the number in tag `number`, or None after
+  rejecting the work (a missing tag, a value that is not a number)."""
+  tags = {n: tag(out, n) for n in names}
+  if any(v is None for v in tags.values()):
+    w.reject(stage, "missing tag")
+    return None
+  value = parse_number(tags[number])
+  if value is None:
+    w.reject(stage, "value is not a number")
+    return None
+  return tags, value
+
+
 def _parse_define(w: _Work, out: str) -> None:
-  x, value, definition = tag(out, "variable"), tag(out, "value"), tag(out, "definition")
-  if x is None or value is None or definition is None:
-    return w.reject("define", "missing tag")
-  w.v1 = parse_number(value)
-  if w.v1 is None:
-    return w.reject("define", "value is not a number")
+  got = _tags_and_number(w, out, "define", ("variable", "value", "definition"), "value")
+  if got is None:
+    return
+  (x, definition), w.v1 = (got[0]["variable"], got[0]["definition"]), got[1]
   if w.v1 not in numbers_in(w.q1.answer):
     return w.reject("define", "value is not a number of the answer")
   if not _valid_name(x) or clashes(x, w.q1.text, w.q2.text):
@@ -176,12 +188,10 @@ def _parse_define(w: _Work, out: str) -> None:
 
 
 def _parse_replace(w: _Work, out: str) -> None:
-  y, removed, rewritten = tag(out, "variable"), tag(out, "removed"), tag(out, "problem")
-  if y is None or removed is None or rewritten is None:
-    return w.reject("replace", "missing tag")
-  w.v2 = parse_number(removed)
-  if w.v2 is None:
-    return w.reject("replace", "value is not a number")
+  got = _tags_and_number(w, out, "replace", ("variable", "removed", "problem"), "removed")
+  if got is None:
+    return
+  (y, rewritten), w.v2 = (got[0]["variable"], got[0]["problem"]), got[1]
   if w.v2 not in numbers_in(w.q2.text):
     return w.reject("replace", "removed constant is not in the problem")
   if not _valid_name(y) or y == w.x or clashes(y, w.q1.text, w.q2.text, w.definition):
@@ -192,12 +202,10 @@ def _parse_replace(w: _Work, out: str) -> None:
 
 
 def _parse_relate(w: _Work, out: str) -> None:
-  relation, difference = tag(out, "relation"), tag(out, "difference")
-  if relation is None or difference is None:
-    return w.reject("relate", "missing tag")
-  d = parse_number(difference)
-  if d is None:
-    return w.reject("relate", "value is not a number")
+  got = _tags_and_number(w, out, "relate", ("relation", "difference"), "difference")
+  if got is None:
+    return
+  relation, d = got[0]["relation"], got[1]
   if d != w.v1 - w.v2 or not (clashes(w.x, relation) and clashes(w.y, relation)):
     return w.reject("relate", "wrong relation arithmetic")
   w.relation = relation
