@@ -48,13 +48,15 @@ class LearnerConfig:
   kl_estimator: str = "k3"
   micro_batches: int = 1
   remat: bool = False
+  remat_policy: str = "nothing"          # with remat: "nothing" saved per layer, or "dots"
   compute_dtype: str = "float32"         # params stay f32 (master); forward in this dtype
   mask_truncated: bool = False           # drop length-truncated completions from the loss
   normalize_all: bool = False            # loss normaliser counts masked truncated completions
                                          # too (QbQ Eq. 2 divides by all m completions)
   tis_cap: float | None = None           # truncated IS weight min(exp(old - sampler), C)
   logits_chunk: int = 256                # positions per logits block in the loss
-  attention: str = "auto"                # "auto" (blockwise at long T), "dense", "blockwise"
+  attention: str = "auto"                # "auto" (blockwise at long T), "dense", "blockwise",
+                                         # "cudnn" (GPU flash attention, right-padded rows)
 
   def __post_init__(self):
     if self.lr_schedule not in ("constant", "cosine"):
@@ -66,6 +68,9 @@ class LearnerConfig:
     if self.attention not in attention.IMPLEMENTATIONS:
       raise ValueError(f"attention: unknown {self.attention!r}; "
                        f"expected one of {attention.IMPLEMENTATIONS}")
+    if self.remat_policy not in decoder.REMAT_POLICIES:
+      raise ValueError(f"remat_policy: unknown {self.remat_policy!r}; "
+                       f"expected one of {decoder.REMAT_POLICIES}")
     if self.compute_dtype not in _DTYPES:
       raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; expected {list(_DTYPES)}")
     if self.micro_batches < 1:
@@ -186,7 +191,8 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
   """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned."""
   p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
   hidden = decoder.forward(p, batch.tokens_bt, config=model_cfg, segment_ids=batch.segment_bt,
-                           remat=cfg.remat, return_hidden=True, attention_impl=cfg.attention)
+                           remat=cfg.remat, return_hidden=True, attention_impl=cfg.attention,
+                           remat_policy=cfg.remat_policy)
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
   return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk)
 

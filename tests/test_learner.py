@@ -99,6 +99,20 @@ def test_learning_sanity_logprob_moves_with_advantage_sign(tiny):
     assert (after - before) * sign > 1.0, (sign, before, after)
 
 
+def test_remat_policies_give_the_same_update(tiny):
+  """Remat only trades memory for recompute: each policy makes the plain step's update."""
+  _, cfg, params = tiny
+  dev = jax.devices()[:1]
+  s0, m0 = _run(cfg, params, worker.learner_config(), {"fsdp": 1}, devices=dev)
+  for policy in ("nothing", "dots"):
+    s, m = _run(cfg, params, worker.learner_config(remat=True, remat_policy=policy),
+                {"fsdp": 1}, devices=dev)
+    np.testing.assert_allclose(float(m["loss"]), float(m0["loss"]), rtol=1e-6)
+    _assert_params_close(s.params, s0.params)
+  with pytest.raises(ValueError, match="remat_policy"):
+    worker.learner_config(remat=True, remat_policy="everything")
+
+
 def test_kl_and_masks_and_tis_run(tiny):
   _, cfg, params = tiny
   lc = worker.learner_config(kl_beta=0.1, mask_truncated=True, tis_cap=2.0,

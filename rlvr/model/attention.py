@@ -13,6 +13,13 @@ causal diagonal are skipped by `lax.cond`. Each query block is rematerialised
 in the backward pass, so memory is O(T * block) per layer instead of O(T^2),
 on CPU, GPU and TPU alike. Rows that see no key at all (padding queries) give
 undefined values there; they are masked out of every loss.
+
+`fused_attention` hands the same computation to `jax.nn.dot_product_attention`
+(cuDNN's flash attention on GPU with `implementation="cudnn"`; XLA's own
+lowering with "xla", which is how CPU tests check its masking). Its masks cover
+the learner's rows exactly as `learner.pack_rows` lays them out (one sequence per
+row, then right padding): causal, plus a per-row length. Packed rows (several
+segments in one row) are outside what it can express; use blockwise there.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 _NEG_INF = -1e30  # finite, so fully-masked (padding) rows stay NaN-free
-IMPLEMENTATIONS = ("auto", "dense", "blockwise")
+IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn")
 # "auto" switches to blockwise attention from this many positions on (no KV cache).
 BLOCKWISE_FROM = 2048
 
@@ -133,9 +140,25 @@ def blockwise_attention(q, k, v, segment, block_q: int = 512, block_k: int = 512
   return out[:, :t]
 
 
+def fused_attention(q, k, v, segment, implementation: str = "cudnn"):
+  """Causal self-attention through `jax.nn.dot_product_attention`, for right-padded
+  rows holding one sequence each (segment ids 1...1 0...0), grouped-query heads native.
+
+  implementation: "cudnn" (GPU, bf16 / f16: cuDNN flash attention, no [T, T] memory,
+  blocks above the diagonal skipped) or "xla" (any platform; builds the logits).
+  """
+  b, t, h, hd = q.shape
+  lengths = jnp.sum(segment != 0, axis=-1).astype(jnp.int32)
+  out = jax.nn.dot_product_attention(
+      q, k.astype(q.dtype), v.astype(q.dtype), is_causal=True, query_seq_lengths=lengths,
+      key_value_seq_lengths=lengths, implementation=implementation)
+  return out.reshape(b, t, h * hd)
+
+
 def choose(implementation: str, t: int, decoding: bool) -> str:
   """The implementation to run: `auto` is blockwise from BLOCKWISE_FROM positions on,
-  dense below (and always when decoding with a KV cache)."""
+  dense below (and always when decoding with a KV cache). "cudnn" is only ever
+  chosen explicitly (GPU, right-padded unpacked rows: `fused_attention`)."""
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"attention: unknown {implementation!r}; expected one of {IMPLEMENTATIONS}")
   if decoding or implementation == "dense":

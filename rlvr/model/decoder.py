@@ -143,8 +143,11 @@ class Attention(nn.Module):
 
     t = x_btd.shape[1]
     if kv is None:
-      if attention.choose(self.attention, t, decoding=False) == "blockwise":
+      chosen = attention.choose(self.attention, t, decoding=False)
+      if chosen == "blockwise":
         out = attention.blockwise_attention(q, k, v, segment_bt)
+      elif chosen == "cudnn":
+        out = attention.fused_attention(q, k, v, segment_bt, "cudnn")
       else:
         out = attention.dense_attention(q, k, v, segment_bt, segment_bt, jnp.arange(t),
                                         jnp.arange(t))
@@ -197,11 +200,26 @@ class Block(nn.Module):
     return (x, kv), None
 
 
+REMAT_POLICIES = ("nothing", "dots")
+
+
+def remat_policy(name: str):
+  """What a rematerialised layer keeps for the backward pass: "nothing" (only its
+  input; everything recomputed) or "dots" (also matmul outputs without batch
+  dimensions: less recompute, more memory)."""
+  if name == "nothing":
+    return jax.checkpoint_policies.nothing_saveable
+  if name == "dots":
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  raise ValueError(f"remat_policy: unknown {name!r}; expected one of {REMAT_POLICIES}")
+
+
 class Decoder(nn.Module):
   config: ModelConfig
   param_dtype: Any = jnp.float32
   remat: bool = False
   attention: str = "auto"
+  remat_policy: str = "nothing"
 
   @nn.compact
   def __call__(self, tokens_bt, positions_bt, segment_bt, cache: KVCache | None = None,
@@ -212,8 +230,7 @@ class Decoder(nn.Module):
 
     block = Block
     if self.remat:
-      block = nn.remat(Block, prevent_cse=False,
-                       policy=jax.checkpoint_policies.nothing_saveable)
+      block = nn.remat(Block, prevent_cse=False, policy=remat_policy(self.remat_policy))
     scanned = nn.scan(
         block,
         variable_axes={"params": 0},
@@ -256,7 +273,8 @@ def default_positions(segment_bt: jax.Array) -> jax.Array:
 def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
             positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
             cache: KVCache | None = None, remat: bool = False,
-            return_hidden: bool = False, attention_impl: str = "auto"):
+            return_hidden: bool = False, attention_impl: str = "auto",
+            remat_policy: str = "nothing"):
   """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
 
   segment_ids: [B,T] ints, 0 for padding (default all ones). positions: [B,T]
@@ -265,7 +283,8 @@ def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
   With `cache`, returns `(logits, new_cache)`. With `return_hidden`, returns the
   final normed hidden states [B,T,D] instead of logits (for chunked heads).
   attention_impl: "auto" (blockwise from `attention.BLOCKWISE_FROM` positions on,
-  never [T, T] logits), "dense" or "blockwise" (`rlvr.model.attention`).
+  never [T, T] logits), "dense", "blockwise" or "cudnn" (`rlvr.model.attention`).
+  remat_policy: what each rematerialised layer saves (`REMAT_POLICIES`).
   """
   if segment_ids is None:
     segment_ids = jnp.ones(tokens_bt.shape, jnp.int32)
@@ -274,7 +293,8 @@ def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
     if cache is not None:
       prior = jnp.sum(cache.segment_bs != 0, axis=-1, keepdims=True).astype(jnp.int32)
       positions = positions + prior
-  out, new_cache = Decoder(config, remat=remat, attention=attention_impl).apply(
+  out, new_cache = Decoder(config, remat=remat, attention=attention_impl,
+                           remat_policy=remat_policy).apply(
       {"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden)
   return out if cache is None else (out, new_cache)
 
