@@ -18,7 +18,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_configs import CONFIGS  # noqa: E402
+from model_configs import CONFIGS, model_flops_per_token  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("model", "27m", ["27m", "1.5b"], "Config to benchmark.")
@@ -28,15 +28,6 @@ flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up step).")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 flags.DEFINE_bool("remat", False, "Rematerialise decoder layers.")
 flags.DEFINE_bool("skip_torch", False, "Only run ours.")
-
-def model_flops_per_token(cfg, seq: int) -> float:
-  """6 x (matmul params incl. LM head) + causal-agnostic attention 12 L T d_attn."""
-  d, f, l = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-  attn_w = d * cfg.head_dim * (cfg.num_heads * 2 + cfg.num_kv_heads * 2)
-  per_layer = attn_w + 3 * d * f
-  dense = l * per_layer + d * cfg.vocab_size
-  return 6 * dense + 12 * l * seq * cfg.num_heads * cfg.head_dim
-
 
 def matmul_peak(dtype) -> float:
   import jax

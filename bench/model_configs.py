@@ -11,6 +11,16 @@ CONFIGS = {
                  tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6),
 }
 
+
+def model_flops_per_token(cfg, seq: int) -> float:
+  """6 x (matmul params incl. LM head) + causal-agnostic attention 12 L T d_attn."""
+  d, f, l = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+  attn_w = d * cfg.head_dim * (cfg.num_heads * 2 + cfg.num_kv_heads * 2)
+  per_layer = attn_w + 3 * d * f
+  dense = l * per_layer + d * cfg.vocab_size
+  return 6 * dense + 12 * l * seq * cfg.num_heads * cfg.head_dim
+
+
 # HF config.json fields (shapes only) of the models the paper configs train, for
 # bench/plan.py: parameters never exist, the update step is only compiled.
 _QWEN2 = dict(architectures=["Qwen2ForCausalLM"], rope_theta=1e6, rms_norm_eps=1e-6,
