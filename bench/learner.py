@@ -2,6 +2,7 @@ r"""Learner update-step throughput: ours (JAX) vs transformers' PyTorch model, s
 
   python bench/learner.py                      # 27M Qwen2, batch 8 x 512, f32, CPU
   python bench/learner.py --model=1.5b --seq=4096 --batch=4 --dtype=bfloat16 --skip_torch
+  python bench/learner.py --seqs=256,512,1024,2048 --tokens=4096   # T-scaling table
 
 Both sides run forward + backward + AdamW on the same token-mean clipped
 surrogate over the last 3/4 of each row. Prints tokens/s of each, their ratio,
@@ -28,20 +29,26 @@ flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up step).")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 flags.DEFINE_bool("remat", False, "Rematerialise decoder layers.")
 flags.DEFINE_bool("skip_torch", False, "Only run ours.")
+flags.DEFINE_list("seqs", [], "T-scaling: run each of these row lengths with --tokens per step "
+                  "(e.g. 256,512,1024,2048) and print a table; overrides --batch / --seq.")
+flags.DEFINE_integer("tokens", 4096, "Tokens per step for --seqs.")
 
 def matmul_peak(dtype) -> float:
+  """Best FLOP/s of jitted square matmuls over several sizes and repeats, random inputs:
+  an upper bound for what the step's matmuls can reach in this process, right now."""
   import jax
   import jax.numpy as jnp
-  n = 2048 if jax.default_backend() == "cpu" else 8192
-  a = jnp.ones((n, n), dtype)
-  f = jax.jit(lambda x: (x @ x).sum())
-  f(a).block_until_ready()
-  best = float("inf")
-  for _ in range(5):
-    t = time.perf_counter()
-    f(a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+  sizes = (512, 1024, 2048, 3072) if jax.default_backend() == "cpu" else (4096, 8192, 16384)
+  best = 0.0
+  for n in sizes:
+    a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, b).block_until_ready()
+    for _ in range(10):
+      t = time.perf_counter()
+      f(a, b).block_until_ready()
+      best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+  return best
 
 
 def make_batch(cfg, batch, seq):
@@ -110,6 +117,25 @@ def bench_torch(cfg, tokens, mask, adv):
   return (time.perf_counter() - t) / FLAGS.steps, loss
 
 
+def _compare(cfg, batch, seq, peak):
+  """One row: ours and (unless skipped) torch on the same batch; returns tokens/s of each."""
+  tokens, mask, adv = make_batch(cfg, batch, seq)
+  n_tok = batch * seq
+  flops = model_flops_per_token(cfg, seq) * n_tok
+  ours_s, compile_s, ours_loss = bench_ours(cfg, tokens, mask, adv)
+  print(f"T={seq:5d} x {batch:3d} rows  ours:  {ours_s:.3f} s/step  {n_tok / ours_s:10,.0f} "
+        f"tokens/s  MFU {flops / ours_s / peak:.1%}  (compile {compile_s:.1f}s, "
+        f"loss {ours_loss:.4f})", flush=True)
+  torch_tps = None
+  if not FLAGS.skip_torch:
+    torch_s, torch_loss = bench_torch(cfg, tokens, mask, adv)
+    torch_tps = n_tok / torch_s
+    print(f"T={seq:5d} x {batch:3d} rows  torch: {torch_s:.3f} s/step  {torch_tps:10,.0f} "
+          f"tokens/s  MFU {flops / torch_s / peak:.1%}  (loss {torch_loss:.4f})  "
+          f"ours/torch {torch_s / ours_s:.2f}x", flush=True)
+  return n_tok / ours_s, torch_tps
+
+
 def main(argv):
   del argv
   import jax
@@ -117,22 +143,21 @@ def main(argv):
   from rlvr import model
   cfg = model.ModelConfig(**CONFIGS[FLAGS.model])
   n_params = model.count_params(cfg)
-  tokens, mask, adv = make_batch(cfg, FLAGS.batch, FLAGS.seq)
-  n_tok = FLAGS.batch * FLAGS.seq
   dt = jnp.float32 if FLAGS.dtype == "float32" else jnp.bfloat16
-  print(f"model {FLAGS.model}: {n_params / 1e6:.1f}M params; batch {FLAGS.batch} x {FLAGS.seq}; "
-        f"{FLAGS.dtype}; backend {jax.default_backend()} ({jax.device_count()} devices)")
-  peak = matmul_peak(dt)
-  print(f"measured matmul peak ({FLAGS.dtype}): {peak / 1e9:.1f} GFLOP/s")
-  ours_s, compile_s, ours_loss = bench_ours(cfg, tokens, mask, adv)
-  flops = model_flops_per_token(cfg, FLAGS.seq) * n_tok
-  print(f"ours:  {ours_s:.3f} s/step  {n_tok / ours_s:,.0f} tokens/s  "
-        f"MFU {flops / ours_s / peak:.1%}  (compile {compile_s:.1f}s, loss {ours_loss:.4f})")
-  if not FLAGS.skip_torch:
-    torch_s, torch_loss = bench_torch(cfg, tokens, mask, adv)
-    print(f"torch: {torch_s:.3f} s/step  {n_tok / torch_s:,.0f} tokens/s  "
-          f"MFU {flops / torch_s / peak:.1%}  (loss {torch_loss:.4f})")
-    print(f"ratio ours/torch tokens/s: {torch_s / ours_s:.2f}x")
+  shapes = ([(max(1, FLAGS.tokens // int(t)), int(t)) for t in FLAGS.seqs]
+            if FLAGS.seqs else [(FLAGS.batch, FLAGS.seq)])
+  print(f"model {FLAGS.model}: {n_params / 1e6:.1f}M params; {FLAGS.dtype}; backend "
+        f"{jax.default_backend()} ({jax.device_count()} devices)")
+  peak_before = matmul_peak(dt)
+  rows = [(seq, *_compare(cfg, batch, seq, peak_before)) for batch, seq in shapes]
+  peak = max(peak_before, matmul_peak(dt))   # probed before and after: the higher bounds both
+  print(f"measured matmul peak ({FLAGS.dtype}): {peak / 1e9:.1f} GFLOP/s (before the steps "
+        f"{peak_before / 1e9:.1f}); MFU above is against the before-probe")
+  if len(rows) > 1:
+    print("\n| T | ours tokens/s | torch tokens/s | ours / torch |\n|---|---|---|---|")
+    for seq, ours, torch_tps in rows:
+      ratio = f"{ours / torch_tps:.2f}x" if torch_tps else "-"
+      print(f"| {seq} | {ours:,.0f} | {f'{torch_tps:,.0f}' if torch_tps else '-'} | {ratio} |")
 
 
 if __name__ == "__main__":

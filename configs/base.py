@@ -41,6 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
                                         # an untied copy of the policy
   c.sampler.sync_dtype = "bfloat16"     # dtype of the weights pushed to vLLM
   c.sampler.max_concurrency = 64        # in-flight requests per process
+  c.sampler.api_key = ""                # servers bound beyond loopback (serve_vllm --api_key);
+                                        # default: the VLLM_API_KEY environment variable
 
   c.data = ml_collections.ConfigDict()
   c.data.kind = "files"                 # "files" or "arithmetic" (procedural)

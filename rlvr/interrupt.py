@@ -2,8 +2,8 @@
 
 The first SIGINT or SIGTERM asks the loop to stop after the step it is in
 (so the state is consistent and a checkpoint can be saved); a second one
-stops at once. Loops check `requested` after each step, save, and call
-`exit(where)`, which prints one line saying where the run stopped and how to
+stops at once. Loops check `agreed()` after each step (`requested` on any process of a multi-host
+run), save, and call `exit(where)`, which prints one line saying where the run stopped and how to
 resume, then exits with 128 + the signal number.
 """
 
@@ -27,6 +27,19 @@ class GracefulStop:
   @property
   def requested(self) -> bool:
     return self.signum is not None
+
+  def agreed(self) -> bool:
+    """`requested` on any process (multi-host: all stop after the same step, so the
+    checkpoint they save together is one step; a collective, so every process calls it)."""
+    import jax
+    if jax.process_count() == 1:
+      return self.requested
+    import numpy as np
+    from jax.experimental import multihost_utils
+    signums = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
+    if self.signum is None and signums.any():
+      self.signum = int(signums[signums > 0][0])   # stop as the signalled process does
+    return bool(signums.any())
 
   def _handle(self, signum, frame):
     del frame

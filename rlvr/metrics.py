@@ -43,7 +43,11 @@ class MetricsWriter:
   so the file stays one row per step.
   """
 
-  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = True):
+  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = True,
+               enabled: bool = True):
+    self.enabled = enabled
+    if not enabled:   # multi-host: the processes other than 0 write nothing
+      return
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     if resume_step is not None and os.path.exists(self.path):
@@ -60,6 +64,8 @@ class MetricsWriter:
         self._tb = None
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    if not self.enabled:
+      return
     row = {"step": int(step)}
     row.update({k: _jsonable(v) for k, v in metrics.items()})
     self._f.write(json.dumps(row) + "\n")
@@ -71,6 +77,8 @@ class MetricsWriter:
       self._tb.flush()
 
   def close(self) -> None:
+    if not self.enabled:
+      return
     self._f.close()
     if self._tb is not None:
       self._tb.close()

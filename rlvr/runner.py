@@ -34,10 +34,12 @@ PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
 
 
 def _json(path, obj=None):
-  """Reads `path`, or atomically writes `obj` there."""
+  """Reads `path`, or atomically writes `obj` there (process 0 only; see `distributed`)."""
   if obj is None:
     with open(path) as f:
       return json.load(f)
+  if not distributed.is_writer():
+    return obj
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(obj, f, indent=2)
@@ -100,14 +102,19 @@ def setup(cfg) -> Run:
   distributed.initialize(cfg.get("coordinator") or None)
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
+  distributed.check_shared_workdir(workdir)
   progress_path = os.path.join(workdir, "progress.json")
   progress = _json(progress_path) if os.path.exists(progress_path) else {}
   model_dir = prepare_model(cfg)
   data = datasets.prepare(cfg.data, cfg.seed)
   _json(os.path.join(workdir, "config.json"), cfg.to_dict())   # what launch.evaluate --run reads
+  mesh = sharding.make_mesh(cfg.mesh.to_dict())
+  if jax.process_count() > 1:
+    print(f"process {jax.process_index()} of {jax.process_count()}: global mesh "
+          f"{dict(mesh.shape)} over {jax.device_count()} devices "
+          f"({jax.local_device_count()} here)", flush=True)
   run = Run(cfg, workdir, progress, model_dir, AutoTokenizer.from_pretrained(model_dir),
-            sharding.make_mesh(cfg.mesh.to_dict()), data, {},
-            model_lib.ModelConfig.from_hf(model_dir).max_position_embeddings)
+            mesh, data, {}, model_lib.ModelConfig.from_hf(model_dir).max_position_embeddings)
   run.eval_prompts = {name: run.prompts(exs, name) for name, exs in data.evals.items()}
   return run
 
@@ -131,13 +138,19 @@ def make_sampler(run: Run, model_cfg, params):
     return JaxSampler(model_cfg, params, run.tokenizer, mesh=run.mesh)
   if c.kind != "vllm":
     raise ValueError(f"sampler.kind: unknown {c.kind!r}; expected jax|vllm")
+  from rlvr.sampling.split import ProcessSplitSampler
   from rlvr.sampling.vllm_sampler import VLLMSampler
   if not c.urls:
     raise ValueError("sampler.urls: vllm sampler needs at least one server URL")
-  client = VLLMSampler(list(c.urls), model_config=model_cfg,
+  # Multi-host: each process talks to its own servers ("{process}" in a URL is its index;
+  # "localhost" is each host's own) and samples its slice of every rollout.
+  urls = [u.format(process=jax.process_index()) for u in c.urls]
+  client = VLLMSampler(urls, model_config=model_cfg,
                        eos_token_id=run.tokenizer.eos_token_id, pad_token_id=run.pad_id,
                        sync_dir=os.path.join(run.workdir, "weights"),
-                       max_concurrency=c.max_concurrency, sync_dtype=jnp.dtype(c.sync_dtype))
+                       max_concurrency=c.max_concurrency, sync_dtype=jnp.dtype(c.sync_dtype),
+                       api_key=c.api_key or os.environ.get("VLLM_API_KEY") or None)
+  client = ProcessSplitSampler(client) if jax.process_count() > 1 else client
   client.update_weights(params, version=0)
   return client
 
@@ -148,7 +161,7 @@ def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
   results = {name: evaluation.evaluate_set(sampler, prompts, score_fn, ecfg,
                                            progress=tag is not None, context=run.context)
              for name, prompts in run.eval_prompts.items()}
-  if tag is not None:
+  if tag is not None and distributed.is_writer():
     evaluation.write_report(results, os.path.join(run.workdir, f"eval_{tag}"), f"eval {tag}")
     for name, r in results.items():   # one line per set, after the progress bars
       k = max(r["pass@k"], key=int)
@@ -168,8 +181,9 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
   from tqdm import tqdm
   c = run.cfg
   start = int(jax.device_get(state.step))
-  writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
-  to_batch = lambda arrays: learner.TrainBatch(**distributed.global_batch(arrays, run.mesh))
+  writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start,
+                                     enabled=distributed.is_writer())
+  to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, run.mesh))
   save = lambda step: checkpoint.save(mngr, state, {"method": method.state(), "step": step})
   bar = tqdm(range(start, c.rl.steps), desc=method.name, unit="step", initial=start,
              total=c.rl.steps)
@@ -184,9 +198,10 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
               "kept": m["groups_kept"]}
       post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
       bar.set_postfix(post)
-      if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stop.requested:
+      stopping = stop.agreed()
+      if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stopping:
         save(step + 1)
-      if stop.requested:
+      if stopping:
         writer.close()
         stop.exit(f"after RL step {step + 1} of {c.rl.steps} (checkpoint under "
                   f"{run.workdir}/checkpoints)")
@@ -198,7 +213,7 @@ def write_summary(run: Run, method, seconds: float) -> dict:
   """Plots and summary.json from the metrics of all invocations."""
   rows = metrics_lib.read_jsonl(os.path.join(run.workdir, "metrics.jsonl"))
   name = os.path.basename(run.workdir)
-  if rows:
+  if rows and distributed.is_writer():
     metrics_lib.plot_metrics(rows, PLOT_KEYS, os.path.join(run.workdir, "training.png"),
                              title=name)
     if method.plot_keys:
@@ -207,7 +222,7 @@ def write_summary(run: Run, method, seconds: float) -> dict:
                                title=f"{name}: {method.name}")
   reports = {label: os.path.join(run.workdir, f"eval_{tag}", "eval.json")
              for label, tag in (("before RL", "before_rl"), ("after RL", "after_rl"))}
-  if all(os.path.exists(p) for p in reports.values()):
+  if distributed.is_writer() and all(os.path.exists(p) for p in reports.values()):
     evaluation.plot_comparison({label: _json(p) for label, p in reports.items()},
                                os.path.join(run.workdir, "pass_at_k.png"), name)
   summary = {

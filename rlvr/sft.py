@@ -82,14 +82,16 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
       lambda: model_lib.load_hf(model_dir, mesh=mesh)[1], seed=seed, keep=keep)
   start = int(jax.device_get(state.step))
   update = learner.make_update_fn(m_cfg, learner_cfg, mesh)
-  writer = metrics_lib.MetricsWriter(workdir, resume_step=start, tensorboard=False)
-  to_batch = lambda arrays: learner.TrainBatch(**distributed.global_batch(arrays, mesh))
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=start, tensorboard=False,
+                                     enabled=distributed.is_writer())
+  to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, mesh))
 
   def on_step(step, m):
     writer.write(step, m)
-    if ((step + 1) % checkpoint_every == 0 or stop.requested) and step + 1 < steps:
+    stopping = stop.agreed()
+    if ((step + 1) % checkpoint_every == 0 or stopping) and step + 1 < steps:
       checkpoint.save(mngr, state_ref[0], {"sft_step": step + 1})
-    if stop.requested and step + 1 < steps:
+    if stopping and step + 1 < steps:
       writer.close()
       stop.exit(f"after SFT step {step + 1} of {steps} (checkpoint under {workdir}/checkpoints)")
 

@@ -80,7 +80,10 @@ def tree_shardings(logical_tree, shapes_tree, mesh: jax.sharding.Mesh, rules=Non
 
 
 def batch_sharding(mesh: jax.sharding.Mesh, ndim: int, rules=None) -> NamedSharding:
-  """Leading (batch) dimension split over the data-parallel axes, the rest replicated."""
+  """Leading (batch) dimension split over the data-parallel axes, the rest replicated
+  (a scalar: replicated)."""
+  if ndim == 0:
+    return replicated(mesh)
   rules = DEFAULT_RULES if rules is None else rules
   spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), rules)
   return NamedSharding(mesh, spec)
@@ -88,3 +91,21 @@ def batch_sharding(mesh: jax.sharding.Mesh, ndim: int, rules=None) -> NamedShard
 
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
+
+
+def put_global(x, sharding: NamedSharding) -> jax.Array:
+  """A host array that every process holds in full -> a global array with `sharding`
+  (each device takes its slice; works on one process and on many)."""
+  import numpy as np
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def to_host(x):
+  """The whole array as numpy on this host; an array that spans several processes
+  (multi-host) is gathered from all of them, so every process must call this."""
+  import numpy as np
+  if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlvr import sharding
 from rlvr.model import decoder
 from rlvr.model.config import ModelConfig
 from rlvr.model.safetensors_io import SafetensorsFile, save_file
@@ -207,13 +208,7 @@ def load_hf(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None,
 
 
 # ------------------------------------------------------------------- writing
-def to_host(x) -> np.ndarray:
-  """The whole array as numpy on this host; an array that spans several processes
-  (multi-host) is gathered from all of them, so every process must call this."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
+to_host = sharding.to_host   # kept importable from here
 
 
 def hf_tensors(config: ModelConfig, params, untie_embeddings: bool = False

@@ -128,7 +128,8 @@ class JaxSampler:
   def _place(self, x):
     if self.mesh is None:
       return jnp.asarray(x)
-    return jax.device_put(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
+    # Every process builds the same host arrays; each device takes its rows (multi-host too).
+    return sharding.put_global(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
 
   def generate(self, prompt_token_ids: Sequence[Sequence[int]],
                params: SamplingParams) -> list[list[Completion]]:
@@ -176,9 +177,9 @@ class JaxSampler:
     with self._lock:
       weights, version = self._params, self.version
       out_tok, out_lp, lengths, done = self._fn(
-          weights, self._place(tokens), self._place(seg), jax.tree.map(jnp.asarray, settings),
+          weights, self._place(tokens), self._place(seg), jax.tree.map(self._place, settings),
           max_new_bucket=new_bucket, filtered=params.top_k > 0 or params.top_p < 1.0)
-    out_tok, out_lp, lengths, done = jax.device_get((out_tok, out_lp, lengths, done))
+    out_tok, out_lp, lengths, done = (sharding.to_host(x) for x in (out_tok, out_lp, lengths, done))
     result: list[list[Completion]] = [[] for _ in prompt_token_ids]
     for i in range(len(rows)):
       ids = tuple(int(t) for t in out_tok[i, :lengths[i]])

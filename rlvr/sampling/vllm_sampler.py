@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Sequence
 
+import jax
 import requests
 
 from rlvr.model import hf_io
@@ -213,7 +214,8 @@ class VLLMSampler:
         except SamplerError:
           pass  # older servers lack the route; the version is still tracked here
       self.version = version
-    self._prune(version)
+    if jax.process_index() == 0:   # multi-host: the writer of sync_dir prunes it
+      self._prune(version)
 
   def _prune(self, current: int) -> None:
     root = os.path.abspath(self.sync_dir)

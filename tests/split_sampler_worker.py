@@ -1,0 +1,34 @@
+"""One process of the two-process ProcessSplitSampler test (see test_multihost.py).
+
+  python split_sampler_worker.py COORDINATOR PROCESS_ID SERVER_URL MODEL_NAME MODEL_DIR OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(coordinator, process_id, url, model_name, model_dir, out):
+  from rlvr import distributed
+  from rlvr.model.config import ModelConfig
+  from rlvr.sampling import SamplingParams
+  from rlvr.sampling.split import ProcessSplitSampler
+  from rlvr.sampling.vllm_sampler import VLLMSampler
+  distributed.initialize(coordinator, 2, int(process_id))
+  cfg = ModelConfig.from_hf(model_dir)
+  sampler = ProcessSplitSampler(VLLMSampler(url, model_config=cfg, eos_token_id=cfg.eos_token_id,
+                                            model_name=model_name))
+  prompts = json.loads(os.environ["SPLIT_PROMPTS"])
+  sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, logprobs=True, seed=7)
+  groups = sampler.generate(prompts, sp)
+  with open(out, "w") as f:
+    json.dump([[[list(c.token_ids), list(c.logprobs), c.text, c.finish_reason]
+                for c in g] for g in groups], f)
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])

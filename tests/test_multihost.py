@@ -1,0 +1,207 @@
+"""Whole runs on two processes (JAX's multi-controller runtime over gloo, 1 CPU device
+each) against one process with 2 devices: SFT, evaluation, RL (plain GRPO and SvS),
+checkpoints, HF export; a killed process; work dirs that are not shared."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
+
+SMALL = ["--config.sft.steps=60", "--config.sft.learner.total_steps=60",
+         "--config.data.arithmetic.n_heldout=16", "--config.eval.sampling.n=2",
+         "--config.checkpoint.every=1"]
+PLAIN = ["--config=configs/tiny_rlvr.py", "--config.rl.steps=3", *SMALL]
+SVS = ["--config=configs/tiny.py", "--config.rl.steps=1", *SMALL]
+VOLATILE = ("time_", "tokens_per_s")     # wall-clock figures differ run to run
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices: int, **extra) -> dict:
+  env = {k: v for k, v in os.environ.items() if not k.startswith("RLVR_")}
+  return dict(env, JAX_PLATFORMS="cpu",
+              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
+
+
+def _cmd(flags, workdir):
+  return [sys.executable, "-m", "launch.train", *flags, f"--workdir={workdir}"]
+
+
+def _one_process(flags, workdir):
+  out = subprocess.run(_cmd(flags, workdir), cwd=REPO, env=_env(2), capture_output=True,
+                       text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+
+
+def _start_two(flags, workdirs, log_dir):
+  """Two processes of one run; workdirs[i] for process i."""
+  port = _free_port()
+  procs = []
+  for i in (0, 1):
+    env = _env(1, RLVR_COORDINATOR=f"localhost:{port}", RLVR_NUM_PROCESSES="2",
+               RLVR_PROCESS_ID=str(i), RLVR_HEARTBEAT_S="10")
+    log = open(os.path.join(log_dir, f"process{i}.log"), "w")
+    procs.append(subprocess.Popen(_cmd(flags, workdirs[i]), cwd=REPO, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT))
+  return procs
+
+
+def _wait(procs, log_dir, timeout=900):
+  codes = [p.wait(timeout=timeout) for p in procs]
+  logs = [open(os.path.join(log_dir, f"process{i}.log")).read() for i in (0, 1)]
+  return codes, logs
+
+
+def _two_processes(flags, workdir, log_dir):
+  codes, logs = _wait(_start_two(flags, [workdir, workdir], log_dir), log_dir)
+  assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
+  return logs
+
+
+def _rows(path):
+  return [{k: v for k, v in json.loads(line).items() if not k.startswith(VOLATILE)}
+          for line in open(path)]
+
+
+@pytest.fixture(scope="module")
+def plain_runs(tmp_path_factory):
+  """The tiny plain-GRPO config, 3 RL steps, on 1 process x 2 devices and 2 x 1."""
+  root = tmp_path_factory.mktemp("multihost_plain")
+  _one_process(PLAIN, root / "one")
+  logs = _two_processes(PLAIN, root / "two", root)
+  return root, logs
+
+
+def test_two_processes_run_the_plain_config_as_one_process_does(plain_runs):
+  root, logs = plain_runs
+  one, two = root / "one", root / "two"
+  # Per-step metrics of SFT and RL, evaluations and the summary are the same numbers
+  # (per-prompt sampling seeds, the same global program; gloo's reductions agree here).
+  assert _rows(two / "sft" / "metrics.jsonl") == _rows(one / "sft" / "metrics.jsonl")
+  assert _rows(two / "metrics.jsonl") == _rows(one / "metrics.jsonl")
+  assert [r["step"] for r in _rows(two / "metrics.jsonl")] == [0, 1, 2]
+  s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+  for key in ("eval_before_rl", "eval_after_rl"):
+    assert s1[key] == s2[key]
+  # The exported HF dir is the same bytes.
+  for name in ("model.safetensors", "config.json"):
+    assert (two / "policy" / name).read_bytes() == (one / "policy" / name).read_bytes()
+  # Each process says who it is and which mesh it built; only process 0 wrote files.
+  assert "process 0 of 2: global mesh {'data': 1, 'fsdp': 2, 'tensor': 1}" in logs[0]
+  assert "process 1 of 2" in logs[1]
+  assert not [f for f in os.listdir(two) if f.startswith(".shared-check")]
+
+
+def test_a_killed_process_stops_the_other_and_a_rerun_resumes(plain_runs, tmp_path):
+  root, _ = plain_runs
+  workdir = _start_from_finished_sft(plain_runs, tmp_path)
+  procs = _start_two(PLAIN, [workdir, workdir], tmp_path)
+  metrics = workdir / "metrics.jsonl"
+  _wait_for_rows(procs, metrics, 2, tmp_path / "process0.log")
+  procs[1].send_signal(signal.SIGKILL)
+  killed_at = time.time()
+  code = procs[0].wait(timeout=300)
+  assert code != 0
+  assert time.time() - killed_at < 180      # bounded: heartbeat 10 s, then an error
+  procs[1].wait()
+  # Rerun both: resume from the last checkpoint, same later metrics as the run that
+  # was never interrupted.
+  _two_processes(PLAIN, workdir, tmp_path)
+  assert _rows(metrics) == _rows(root / "two" / "metrics.jsonl")
+  log = open(tmp_path / "process0.log").read()
+  assert "resumed rlvr from step" in log
+
+
+def _start_from_finished_sft(plain_runs, tmp_path):
+  """A work dir holding the uninterrupted run's SFT and first evaluation (same seeds)."""
+  root, _ = plain_runs
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  shutil.copytree(root / "two" / "sft", workdir / "sft")
+  shutil.copy(root / "two" / "progress.json", workdir / "progress.json")
+  return workdir
+
+
+def _wait_for_rows(procs, metrics, n, log):
+  deadline = time.time() + 600
+  while time.time() < deadline and not (metrics.exists() and len(_rows(metrics)) >= n):
+    assert procs[0].poll() is None, open(log).read()[-3000:]
+    time.sleep(0.2)
+
+
+def test_sigterm_to_one_process_stops_both_after_the_same_step(plain_runs, tmp_path):
+  """SLURM preemption signals processes at slightly different times: they agree on the
+  step to stop after, save one checkpoint together and exit 143."""
+  root, _ = plain_runs
+  workdir = _start_from_finished_sft(plain_runs, tmp_path)
+  procs = _start_two(PLAIN, [workdir, workdir], tmp_path)
+  _wait_for_rows(procs, workdir / "metrics.jsonl", 1, tmp_path / "process0.log")
+  procs[1].send_signal(signal.SIGTERM)
+  codes, logs = _wait(procs, tmp_path, timeout=300)
+  assert codes == [143, 143], logs[0][-2000:]
+  assert "stopped by SIGTERM after RL step" in logs[0] + logs[1]
+  done = _rows(workdir / "metrics.jsonl")
+  assert 1 <= len(done) < 3 and done == _rows(root / "two" / "metrics.jsonl")[:len(done)]
+  _two_processes(PLAIN, workdir, tmp_path)
+  assert _rows(workdir / "metrics.jsonl") == _rows(root / "two" / "metrics.jsonl")
+
+
+def test_work_dirs_that_are_not_shared_are_an_error_at_start_up(tmp_path):
+  procs = _start_two(PLAIN, [tmp_path / "a", tmp_path / "b"], tmp_path)
+  codes, logs = _wait(procs, tmp_path, timeout=300)
+  assert codes[0] != 0 and codes[1] != 0
+  assert "do not see the file process 0 wrote" in logs[0] + logs[1]
+  assert "shared file system" in logs[1]
+
+
+def test_one_svs_step_on_two_processes_equals_one_process(tmp_path):
+  _one_process(SVS, tmp_path / "one")
+  _two_processes(SVS, tmp_path / "two", tmp_path)
+  one, two = _rows(tmp_path / "one" / "metrics.jsonl"), _rows(tmp_path / "two" / "metrics.jsonl")
+  assert one == two and len(two) == 1
+  assert two[0]["svs_syntheses"] > 0
+
+
+def test_split_sampler_gives_every_process_the_one_process_rollout(vllm_server, served_model_dir,
+                                                                   tmp_path):
+  """Each of two processes samples its slice on (here: the same) vLLM server; both get
+  back every completion, equal to one process sampling all prompts (seeds by global index)."""
+  from rlvr.model.config import ModelConfig
+  from rlvr.sampling import SamplingParams
+  from rlvr.sampling.vllm_sampler import VLLMSampler
+  prompts = [[5, 6, 7], [300, 301, 302, 303], [40, 41], [9, 10, 11, 12, 13]]   # 2 + 2 split
+  port = _free_port()
+  worker = os.path.join(REPO, "tests", "split_sampler_worker.py")
+  procs = [subprocess.Popen(
+      [sys.executable, worker, f"localhost:{port}", str(i), vllm_server.url,
+       vllm_server.options.served_model_name, served_model_dir, str(tmp_path / f"out{i}.json")],
+      env=_env(1, SPLIT_PROMPTS=json.dumps(prompts)), stderr=subprocess.PIPE, text=True)
+      for i in (0, 1)]
+  errs = [p.communicate(timeout=300)[1] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errs)
+  got = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in (0, 1)]
+  assert got[0] == got[1] and len(got[0]) == 4 and all(len(g) == 2 for g in got[0])
+  cfg = ModelConfig.from_hf(served_model_dir)
+  one = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
+                    model_name=vllm_server.options.served_model_name)
+  want = one.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=7))
+  one.close()
+  for g_got, g_want in zip(got[0], want):
+    for (ids, logps, text, finish), c in zip(g_got, g_want):
+      assert ids == list(c.token_ids) and text == c.text and finish == c.finish_reason
+      assert logps == pytest.approx(list(c.logprobs), abs=1e-6)   # gathered as float32
