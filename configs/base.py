@@ -14,7 +14,7 @@ import ml_collections
 
 from rlvr import evaluation, learner, loop, settings, shaping
 from rlvr.rewards import RewardConfig
-from synthesis import svs
+from synthesis import composition, svs
 
 # The MATH-500 + AIME 2024 + AIME 2025 eval set, shipped in the repo (data/README.md).
 EVAL_SET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
@@ -54,8 +54,13 @@ def get_config() -> ml_collections.ConfigDict:
       "n_train": 0,                     # answer-only problems for RL
       "n_heldout": 0,                   # fixed held-out split
       "inverse_pairs": False,           # also teach solution -> problem (SvS synthesis)
+      "depths": (1,),                   # composed problems of these depths (rlvr.tasks.composed,
+                                        # Composition-RL); the sizes above are per depth
+      "pool_size": 20,                  # surrogate pool per position 1..K-1
   }
   c.data.train_path = ""                # parquet (verl) / jsonl / json
+  c.data.extra_train_paths = []         # more training files, appended (e.g. composed depth-2
+                                        # and depth-3 sets for method="composition")
   c.data.eval_paths = []                # evaluated before and after RL
   c.data.sft_path = ""                  # rows with a `solution` for the SFT warm start
   c.data.problem_field = ""             # "" = auto (problem/question/prompt)
@@ -68,9 +73,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.learner = settings.section(     # rlvr.learner.LearnerConfig, SFT's own defaults
       learner.LearnerConfig, learning_rate=1e-5, weight_decay=0.0, dual_clip=None)
 
-  c.method = "rlvr"                     # "rlvr" (plain GRPO), "svs" (online synthesis), or
+  c.method = "rlvr"                     # "rlvr" (plain GRPO), "svs" (online synthesis),
+                                        # "composition" (depth curriculum), or
                                         # "package.module:factory" (rlvr/methods/__init__.py)
   c.svs = settings.section(svs.SvSConfig)   # synthesis.svs.SvSConfig (METHODS.md "SvS")
+  c.composition = settings.section(     # synthesis.composition.CurriculumConfig: depth stages
+      composition.CurriculumConfig)
   c.svs_template = "default"            # synthesis prompt: "default", "arithmetic" or a file path
 
   c.rl = ml_collections.ConfigDict()

@@ -14,7 +14,7 @@ import os
 from typing import Callable
 
 from rlvr import data as data_lib
-from rlvr.tasks import arithmetic
+from rlvr.tasks import arithmetic, composed
 
 KINDS = ("files", "arithmetic")
 
@@ -27,8 +27,28 @@ class RunData:
   answer_of: Callable[[str], str | None] | None = None
 
 
+def _composed(d, seed: int) -> RunData:
+  """The arithmetic task composed to each of `depths` (Composition-RL by construction):
+  per depth n_sft worked solutions, n_train RL problems, an eval set heldout_d<K>."""
+  t = d.arithmetic
+  sft, train, evals = [], [], {}
+  for depth in t.depths:
+    tr, held = composed.make_composed_splits(t.n_sft + t.n_train, t.n_heldout, depth, seed,
+                                             max_operand=t.max_operand, pool_size=t.pool_size,
+                                             difficulty=t.difficulty)
+    sft += [(p.problem, p.solution) for p in tr[:t.n_sft]]
+    train += composed.to_examples(tr[t.n_sft:])
+    evals[f"heldout_d{depth}"] = composed.to_examples(held)
+  return RunData(sft, train, evals, composed.answer_of)
+
+
 def _arithmetic(d, seed: int) -> RunData:
   t = d.arithmetic
+  if tuple(t.depths) != (1,):
+    if t.inverse_pairs:
+      raise ValueError("data.arithmetic.inverse_pairs: only for depths (1,), not "
+                       f"data.arithmetic.depths {tuple(t.depths)}")
+    return _composed(d, seed)
   train, heldout = arithmetic.make_splits(t.n_sft + t.n_train, t.n_heldout, t.difficulty, seed,
                                           max_operand=t.max_operand)
   sft = [(p.problem, p.solution) for p in train[:t.n_sft]]
@@ -46,7 +66,8 @@ def _files(d) -> RunData:
       on_bad_row=d.on_bad_row))
   evals = {os.path.splitext(os.path.basename(p))[0]: read(p) for p in d.eval_paths}
   sft = [(e.problem, e.solution) for e in read(d.sft_path) if e.solution] if d.sft_path else []
-  return RunData(sft, read(d.train_path), evals)
+  train = [e for path in (d.train_path, *d.extra_train_paths) for e in read(path)]
+  return RunData(sft, train, evals)
 
 
 def prepare(d, seed: int) -> RunData:

@@ -15,9 +15,10 @@ from transformers import AutoTokenizer
 
 from rlvr import loop, methods, model
 from rlvr.data import format_prompt
-from rlvr.methods import plain, svs as svs_method
+from rlvr.methods import composition, plain, svs as svs_method
 from rlvr.sampling import JaxSampler
 from synthesis import svs
+from synthesis.composition import CurriculumConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -129,10 +130,41 @@ def test_svs_on_a_policy_that_synthesizes_matches_the_recorded_run(arithmetic_po
   _same(before, after)
 
 
+def test_composition_trains_depth_by_depth_and_resumes_at_the_same_depth(tiny_dirs,
+                                                                          one_device_learner):
+  """The curriculum draws only the current depth's prompts, switches where its rule says
+  (here: after 2 steps) and carries the stage in the method state."""
+  drawn = []
+
+  def score(texts, golds):
+    drawn.append(set(golds))
+    return first_token_even(texts, golds)
+
+  train = [loop.Prompt(tuple(range(5 + i, 8 + i)), f"d{d}", source=f"composed-d{d}")
+           for d in (1, 2) for i in range(0, 60, 3)]
+  cur = CurriculumConfig(depths=(1, 2), max_steps=2)
+  method = composition.Composition(train, cur, seed=0)
+  rl = loop.RLConfig(prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8,
+                     max_extra_rounds=3)
+  rows = run_steps(one_device_learner, tiny_dirs["qwen2"], method, rl, score)
+  assert [r["depth"] for r in rows] == [1, 1, 2]
+  assert [r["depth_switch"] for r in rows] == [0, 1, 0]
+  # Every scoring call saw one depth's prompts: depth 1 in the first two steps, then 2.
+  first_d2 = drawn.index({"d2"})
+  assert first_d2 >= 2 and drawn == [{"d1"}] * first_d2 + [{"d2"}] * (len(drawn) - first_d2)
+  again = composition.Composition(train, cur, seed=0)
+  again.restore(json.loads(json.dumps(method.state())))
+  assert again.curriculum.depth == 2 and again.state() == method.state()
+  summary = method.summary([dict(r, step=i) for i, r in enumerate(rows)])
+  assert summary["depth_switch_steps"] == [2] and summary["final_depth"] == 2
+  with pytest.raises(ValueError, match=r"no training prompts of depth \[3\]"):
+    composition.Composition(train, CurriculumConfig(depths=(1, 2, 3)), seed=0)
+
+
 def test_unknown_method_names_the_known_ones():
   import ml_collections
   cfg = ml_collections.ConfigDict({"method": "grpo++", "seed": 0})
-  with pytest.raises(ValueError, match=r"method: unknown 'grpo\+\+'; known: \['rlvr', 'svs'\]"):
+  with pytest.raises(ValueError, match=r"method: unknown 'grpo\+\+'; known: \['composition', 'rlvr', 'svs'\]"):
     methods.make(cfg, _prompts(4, 3))
   cfg.method = "no_such_module:make"
   with pytest.raises(ValueError, match="cannot load 'no_such_module:make'"):

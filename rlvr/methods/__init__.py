@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import Sequence
 
-from rlvr.methods import plain, svs
+from rlvr.methods import composition, plain, svs
 from rlvr.methods.base import Method, Prompt
 
-KNOWN = {"rlvr": plain.make, "svs": svs.make}
+KNOWN = {"rlvr": plain.make, "svs": svs.make, "composition": composition.make}
 
 
 def make(cfg, train: Sequence[Prompt]) -> Method:

@@ -1,0 +1,588 @@
+r"""Composition-RL data: composed problems built by an assistant LLM behind a server.
+
+  python -m launch.compose --source=data/math.parquet --out=data/composed_d2.jsonl \
+      --depth=2 --n=240000 --url=http://127.0.0.1:8000 --model=policy
+  python -m launch.compose --source=data/physics.jsonl --second_source=data/math.jsonl \
+      --out=data/physics_math.jsonl --n=10000 --url=http://127.0.0.1:8000   # cross-domain
+
+The plan is drawn up front from --seed (METHODS.md "Composition-RL"): surrogate
+pools of --pool_size problems for positions 1..K-1, the last position from the
+whole set (from --second_source when given), n chains with ids c0..c{n-1}. Each
+chain is composed by `synthesis.composition.compose`, one Compose per level,
+innermost first (SPC(q1..qK) = Compose(q1, SPC(q2..qK))), with the assistant
+reached over the OpenAI-compatible API (chat, or plain completions when the
+served model has no chat template).
+
+Output, append-only, one line per finished chain, flushed as it finishes:
+  OUT                    accepted rows: problem, answer (gt of q_K), data_source,
+                         id, source_ids, depth, v1, v2, x, y, relation (outermost
+                         Compose); they load with rlvr.data.read_dataset.
+  OUT.rejected.jsonl     id, level, stage, reason (+ error: the server's message
+                         when it refused a request, e.g. a prompt too long).
+  OUT.report.json        the yield funnel over both files, per level and stage.
+  OUT.plan.json          what fixes the plan (sources, depth, pool size, seed).
+Rerunning the same command skips the ids already in either file and composes
+the rest; a larger --n extends the same plan (the first n chains do not change).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import sys
+import threading
+import time
+from typing import Callable, Iterable, Sequence
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("source", None, "Problems with answers (parquet/jsonl/json).")
+flags.DEFINE_string("second_source", None, "Cross-domain: q_K (and the answer) from this set, "
+                    "q1..q_{K-1} from --source.")
+flags.DEFINE_string("out", None, "Output .jsonl of accepted compositions.")
+flags.DEFINE_integer("depth", 2, "K: problems per composition (>= 2).")
+flags.DEFINE_integer("n", 1000, "Compositions to attempt (the plan's size).")
+flags.DEFINE_integer("pool_size", 20, "Surrogate pool size for positions 1..K-1 (paper: 20).")
+flags.DEFINE_integer("seed", 0, "Seed of the plan (pools and chains).")
+flags.DEFINE_string("url", None, "OpenAI-compatible server, e.g. http://127.0.0.1:8000.")
+flags.DEFINE_string("model", "policy", "Served model name.")
+flags.DEFINE_string("api_key", None, "Bearer token (default: $VLLM_API_KEY).")
+flags.DEFINE_float("temperature", 0.1, "Assistant sampling temperature (paper: 0.1).")
+flags.DEFINE_float("top_p", 0.7, "Assistant nucleus sampling (paper: 0.7).")
+flags.DEFINE_integer("max_tokens", 4096, "Assistant response length limit.")
+flags.DEFINE_integer("concurrency", 16, "Compositions (so requests) in flight at once.")
+flags.DEFINE_float("timeout_s", 600.0, "Per-request timeout in seconds.")
+flags.DEFINE_integer("retries", 3, "Retries of a request that failed (connection, timeout, "
+                     "5xx, 429), with exponential backoff.")
+
+# Stages of one Compose, in the order `synthesis.composition.compose` runs them.
+STAGES = ("define", "replace", "relate", "v1", "v2", "v3")
+PLAN_KEYS = ("source", "second_source", "depth", "pool_size", "seed", "problems_sha256")
+
+
+class AssistantError(RuntimeError):
+  """The assistant server cannot be used (unreachable, failing, refusing auth/model)."""
+
+
+class _BadRequest(Exception):
+  """HTTP 400/413/422: the server refused this one request (not retried)."""
+
+
+def _fail(message: str, code: int = 2):
+  sys.stderr.write(f"launch.compose: {message}\n")
+  sys.exit(code)
+
+
+# ------------------------------------------------------------------ the assistant
+class Assistant:
+  """`complete(prompts) -> texts` against an OpenAI-compatible server.
+
+  A prompt is sent as one user chat message; if the server answers that the
+  model has no chat template, it switches (once, for all later requests) to
+  /v1/completions with the raw text. Connection errors, timeouts, 429 and 5xx
+  are retried `retries` times with exponential backoff, then raise
+  AssistantError naming the URL; so do 401/403/404 at once. A request the
+  server refuses as bad (400/413/422, e.g. a prompt longer than the context)
+  yields "" (which the composition rejects) and its message goes to `on_error`.
+  """
+
+  def __init__(self, url: str, model: str, *, api_key: str | None = None,
+               temperature: float = 0.1, top_p: float = 0.7, max_tokens: int = 4096,
+               timeout_s: float = 600.0, retries: int = 3, concurrency: int = 16,
+               backoff_s: float = 1.0):
+    base = url.rstrip("/")
+    self.base = base[:-3] if base.endswith("/v1") else base
+    self.model, self.api_key = model, api_key
+    self.sampling = dict(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+    self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+    self.concurrency = concurrency
+    self.mode = "chat"                 # "completions" once the model proves to have no template
+    self.requests = 0
+    self.refused = 0                   # 400/413/422 answers
+    self.stopped = threading.Event()   # set on a fatal error: other threads give up quickly
+    self._lock = threading.Lock()
+    self._local = threading.local()
+    self._pool: cf.ThreadPoolExecutor | None = None
+
+  def _session(self):
+    import requests
+    if not hasattr(self._local, "session"):
+      self._local.session = requests.Session()
+    return self._local.session
+
+  def _headers(self) -> dict[str, str]:
+    return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+  def check(self) -> None:
+    """Fails fast (AssistantError) when the server is unreachable, lacks the model, or
+    refuses a one-line prompt with these settings. Finds out chat vs completions."""
+    import requests
+    url = f"{self.base}/v1/models"
+    try:
+      r = self._session().get(url, headers=self._headers(), timeout=min(self.timeout_s, 30))
+    except requests.RequestException as e:
+      raise AssistantError(f"cannot reach {url}: {_short(e)}") from None
+    if r.status_code != 200:
+      raise AssistantError(f"{url}: HTTP {r.status_code}: {_server_message(r)}")
+    try:
+      served = [m["id"] for m in r.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+      return   # a server without a standard model list; requests will tell
+    if self.model not in served:
+      raise AssistantError(f"{url}: no model {self.model!r} (served: {', '.join(served)}); "
+                           "pass --model")
+    # A refusal of a one-line prompt is about the settings (e.g. max_tokens beyond the
+    # served context), not about one composition: stop before rejecting them all.
+    try:
+      self._ask("Reply with the word OK.")
+    except _BadRequest as e:
+      raise AssistantError(f"{self.base} refuses even a one-line prompt with these sampling "
+                           f"settings: {e}") from None
+
+  def _post(self, endpoint: str, payload: dict) -> dict:
+    import requests
+    url = f"{self.base}{endpoint}"
+    last = ""
+    for attempt in range(self.retries + 1):
+      if self.stopped.is_set():
+        raise AssistantError(f"{url}: stopped after an earlier failure")
+      with self._lock:
+        self.requests += 1
+      try:
+        r = self._session().post(url, json=payload, headers=self._headers(),
+                                 timeout=self.timeout_s)
+      except requests.Timeout:
+        last = f"no answer within {self.timeout_s:g}s"
+      except requests.RequestException as e:
+        last = _short(e)
+      else:
+        if r.status_code == 200:
+          try:
+            return r.json()
+          except ValueError:
+            last = f"HTTP 200 with a body that is not JSON: {r.text[:200]!r}"
+        elif r.status_code in (400, 413, 422):
+          raise _BadRequest(_server_message(r))
+        elif r.status_code in (408, 429) or r.status_code >= 500:
+          last = f"HTTP {r.status_code}: {_server_message(r)}"
+        else:
+          raise AssistantError(f"{url}: HTTP {r.status_code}: {_server_message(r)}")
+      if attempt < self.retries and self.stopped.wait(min(60.0, self.backoff_s * 2 ** attempt)):
+        break
+    raise AssistantError(f"{url}: failed after {self.retries + 1} tries: {last}")
+
+  def _ask(self, prompt: str) -> str:
+    """One completion; _BadRequest when the server refuses it."""
+    if self.mode == "chat":
+      try:
+        out = self._post("/v1/chat/completions", dict(
+            model=self.model, messages=[{"role": "user", "content": prompt}], **self.sampling))
+        return _text(out, "chat", self.base)
+      except _BadRequest as e:
+        if "chat template" not in str(e).lower() and "chat_template" not in str(e).lower():
+          raise
+        with self._lock:
+          if self.mode == "chat":
+            self.mode = "completions"
+            sys.stderr.write(f"launch.compose: {self.base}: the model has no chat template; "
+                             "sending raw prompts to /v1/completions\n")
+    out = self._post("/v1/completions", dict(model=self.model, prompt=prompt, **self.sampling))
+    return _text(out, "completions", self.base)
+
+  def complete_one(self, prompt: str, on_error: Callable[[str], None] | None = None) -> str:
+    try:
+      return self._ask(prompt)
+    except _BadRequest as e:
+      with self._lock:
+        self.refused += 1
+        first = self.refused == 1
+      if first:
+        sys.stderr.write(f"launch.compose: {self.base} refused a request ({e}); its "
+                         "composition is rejected\n")
+      if on_error:
+        on_error(str(e))
+      return ""
+
+  def complete(self, prompts: Sequence[str],
+               on_error: Callable[[str], None] | None = None) -> list[str]:
+    """Texts for prompts, in order; a batch runs `concurrency` requests at a time."""
+    if len(prompts) <= 1:
+      return [self.complete_one(p, on_error) for p in prompts]
+    with self._lock:
+      if self._pool is None:
+        self._pool = cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix="assistant")
+    return list(self._pool.map(lambda p: self.complete_one(p, on_error), prompts))
+
+  def close(self) -> None:
+    self.stopped.set()
+    if self._pool is not None:
+      self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _short(e: Exception) -> str:
+  text = " ".join(str(e).split())
+  return text if len(text) < 300 else text[:300] + "..."
+
+
+def _server_message(r) -> str:
+  try:
+    body = r.json()
+    msg = body.get("error", body) if isinstance(body, dict) else body
+    msg = msg.get("message", msg) if isinstance(msg, dict) else msg
+    return _short(Exception(str(msg)))
+  except ValueError:
+    return _short(Exception(r.text or r.reason or ""))
+
+
+def _text(out: dict, kind: str, base: str) -> str:
+  try:
+    choice = out["choices"][0]
+    return (choice["message"]["content"] if kind == "chat" else choice["text"]) or ""
+  except (KeyError, IndexError, TypeError):
+    raise AssistantError(f"{base}: unexpected {kind} response {str(out)[:200]!r}") from None
+
+
+# ------------------------------------------------------------------ the plan
+@dataclasses.dataclass(frozen=True)
+class Planned:
+  id: str
+  chain: tuple  # of composition.Problem, q1 first
+
+
+def load_problems(path: str, tag: str):
+  """The rows of a dataset file as composition Problems with ids "<tag>:<row index>"."""
+  from rlvr.data import read_dataset
+  from synthesis.composition import Problem
+  return [Problem(e.problem, e.answer, f"{tag}:{e.index}", e.source) for e in read_dataset(path)]
+
+
+def _tags(source: str, second: str | None) -> tuple[str, str]:
+  """Short, distinct, "+"-free names of the two files for problem ids."""
+  stem = lambda p: os.path.splitext(os.path.basename(p))[0].replace("+", "_").replace(":", "_")
+  a = stem(source)
+  b = stem(second) if second else a
+  return (a, b) if b != a or not second else (a, b + "#2")
+
+
+def problems_digest(*problem_sets) -> str:
+  h = hashlib.sha256()
+  for problems in problem_sets:
+    for p in problems or ():
+      h.update(json.dumps([p.id, p.text, p.answer]).encode())
+  return h.hexdigest()
+
+
+def make_plan(first, second, depth: int, n: int, pool_size: int, seed: int) -> list[Planned]:
+  """n chains (ids c0..c{n-1}) drawn from the seed; chain i does not depend on n.
+
+  Positions 1..K-1 must open a Compose, so only problems whose answer holds a
+  number are drawn there. Same source: surrogate pools for positions 1..K-1,
+  the last from all problems. Cross-domain (second given): depth 2 pairs q1
+  from all of `first`, q2 from `second`; deeper chains take pools from `first`
+  and the last problem from `second`.
+  """
+  from synthesis import composition as comp
+  rng = random.Random(seed)
+  openers = [p for p in first if comp.numbers_in(p.answer)]
+  if not openers:
+    raise ValueError("no problem of the source has a number in its answer, so none can be "
+                     "q1 of a composition")
+  if second is not None and depth == 2:
+    chains = comp.cross_domain_pairs(openers, list(second), n, rng)
+  else:
+    pools = comp.surrogate_pools(openers, depth, pool_size, rng)
+    last = list(second if second is not None else first)
+    chains = [comp.draw_chain(last, pools, rng) for _ in range(n)]
+  return [Planned(f"c{i}", tuple(c)) for i, c in enumerate(chains)]
+
+
+# ------------------------------------------------------------------ composing one chain
+def compose_one(planned: Planned, complete: Callable[..., list[str]]) -> dict:
+  """The output row of one chain: accepted (problem, answer, provenance) or rejected
+  (level, stage, reason). SPC(q1..qK) = Compose(q1, SPC(q2..qK)), innermost first;
+  level 1 is Compose(q_{K-1}, q_K), level K-1 the outermost. Server refusals of a
+  request (too long a prompt, ...) are kept in `error`; `complete(prompts, on_error)`
+  is `Assistant.complete`."""
+  from synthesis import composition as comp
+  chain, k = planned.chain, len(planned.chain)
+  errors: list[str] = []
+  call = lambda prompts: complete(prompts, errors.append)
+  inner = chain[-1]
+  ids = [p.id for p in chain]
+  for level, pos in enumerate(range(k - 2, -1, -1), start=1):
+    [outcome] = comp.compose([(chain[pos], inner)], call, depth=k - pos)
+    if outcome.composed is None:
+      row = {"id": planned.id, "level": level, "stage": outcome.stage,
+             "reason": outcome.reason, "depth": k, "source_ids": ids}
+      if errors:
+        row["error"] = errors[0]
+      return row
+    inner = outcome.composed.problem
+  c = outcome.composed
+  return {"id": planned.id, "problem": c.problem.text, "answer": c.problem.answer,
+          "data_source": f"composed-d{c.depth}", "origin_source": c.problem.source,
+          "depth": c.depth, "source_ids": list(c.ids),
+          "v1": c.v1, "v2": c.v2, "x": c.x, "y": c.y, "relation": c.relation}
+
+
+# ------------------------------------------------------------------ files and resume
+def rejected_path(out: str) -> str:
+  return out + ".rejected.jsonl"
+
+
+def read_rows(path: str) -> list[dict]:
+  """The complete rows of a results file: newline-terminated JSON objects with an id.
+
+  A last line without its newline (a kill mid-write) is not a row; neither is an
+  undecodable line. A missing file has no rows."""
+  rows = []
+  try:
+    f = open(path, "rb")
+  except FileNotFoundError:
+    return rows
+  with f:
+    for line in f:
+      if not line.endswith(b"\n"):   # only the last line can lack it: cut short
+        break
+      try:
+        row = json.loads(line)
+      except (json.JSONDecodeError, UnicodeDecodeError):
+        continue
+      if isinstance(row, dict) and isinstance(row.get("id"), str):
+        rows.append(row)
+  return rows
+
+
+def finished_ids(out: str) -> set[str]:
+  """Ids finished in an earlier run: in OUT or OUT.rejected.jsonl."""
+  return {r["id"] for path in (out, rejected_path(out)) for r in read_rows(path)}
+
+
+def drop_partial_tail(path: str) -> int:
+  """Cuts a file back to its last newline (a line cut short by a kill); bytes removed."""
+  try:
+    size = os.path.getsize(path)
+  except FileNotFoundError:
+    return 0
+  with open(path, "rb+") as f:
+    keep, chunk = size, 1 << 16
+    while keep > 0:
+      start = max(0, keep - chunk)
+      f.seek(start)
+      block = f.read(keep - start)
+      i = block.rfind(b"\n")
+      if i >= 0:
+        keep = start + i + 1
+        break
+      keep = start
+    if keep < size:
+      f.truncate(keep)
+  return size - keep
+
+
+def check_plan_file(path: str, plan_info: dict) -> None:
+  """Writes OUT.plan.json on the first run; later runs must match it (ValueError)."""
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    diff = [k for k in PLAN_KEYS if saved.get(k) != plan_info.get(k)]
+    if diff:
+      what = "; ".join(f"{k}: {saved.get(k)!r} then, {plan_info.get(k)!r} now" for k in diff)
+      raise ValueError(f"{path}: this output was planned differently ({what}); rerun with the "
+                       "same flags or write to another --out")
+    return
+  with open(path, "w") as f:
+    json.dump(plan_info, f, indent=2)
+
+
+# ------------------------------------------------------------------ the yield report
+def funnel_report(accepted: Iterable[dict], rejected: Iterable[dict], depth: int,
+                  planned: int) -> dict:
+  """Counts over all finished rows (each id once): how many chains entered and passed
+  each stage of each level, and why the others were rejected there."""
+  seen, acc, rej = set(), [], []
+  for rows, into in ((accepted, acc), (rejected, rej)):
+    for r in rows:
+      if r["id"] not in seen:
+        seen.add(r["id"])
+        into.append(r)
+  by_place = collections.defaultdict(collections.Counter)
+  for r in rej:
+    by_place[(r.get("level"), r.get("stage"))][r.get("reason", "?")] += 1
+  places = [(level, stage) for level in range(1, depth) for stage in STAGES]
+  places += sorted((p for p in by_place if p not in places), key=str)   # should stay empty
+  entered, funnel = len(acc) + len(rej), []
+  for level, stage in places:
+    reasons = by_place.get((level, stage), collections.Counter())
+    passed = entered - sum(reasons.values())
+    funnel.append({"level": level, "stage": stage, "entered": entered, "passed": passed,
+                   "rejected": dict(reasons.most_common())})
+    entered = passed
+  reasons = collections.Counter(f"{r.get('stage')}: {r.get('reason')}" for r in rej)
+  return {"planned": planned, "finished": len(acc) + len(rej), "accepted": len(acc),
+          "rejected": len(rej), "yield": round(len(acc) / max(1, len(acc) + len(rej)), 4),
+          "funnel": funnel, "rejected_by_reason": dict(reasons.most_common()),
+          "server_refused": sum(1 for r in rej if "error" in r)}
+
+
+def format_report(report: dict) -> str:
+  lines = [f"composed {report['finished']} of {report['planned']} planned: "
+           f"{report['accepted']} accepted, {report['rejected']} rejected "
+           f"(yield {report['yield']:.1%})"]
+  multi = any(s["level"] != 1 for s in report["funnel"])
+  for s in report["funnel"]:
+    where = f"L{s['level']} {s['stage']}" if multi else s["stage"]
+    why = ", ".join(f"{k} {v}" for k, v in s["rejected"].items())
+    lines.append(f"  {where:<11} {s['entered']:>8} -> {s['passed']:<8} {why}")
+  if report["server_refused"]:
+    lines.append(f"  ({report['server_refused']} rejections after the server refused a "
+                 "request; see `error` in the rejected file)")
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the run
+def run(plan: Sequence[Planned], out: str, assistant: Assistant, concurrency: int,
+        progress: bool = True) -> dict:
+  """Composes the planned chains not yet in the output files, appending each as it
+  finishes; returns this run's counts. AssistantError propagates (rows written stay)."""
+  from tqdm import tqdm
+  for path in (out, rejected_path(out)):
+    drop_partial_tail(path)
+  done = finished_ids(out)
+  todo = [p for p in plan if p.id not in done]
+  counts = collections.Counter()
+  if not todo:
+    return counts
+  assistant.check()
+  bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="compose", unit="chain",
+             disable=not progress, dynamic_ncols=True)
+  pool = cf.ThreadPoolExecutor(concurrency, thread_name_prefix="compose")
+  pending: set[cf.Future] = set()
+  queue = iter(todo)
+  ok = False
+  try:
+    with open(out, "a", encoding="utf-8") as acc_f, \
+        open(rejected_path(out), "a", encoding="utf-8") as rej_f:
+
+      def refill():
+        for planned in queue:
+          pending.add(pool.submit(compose_one, planned, assistant.complete))
+          if len(pending) >= 2 * concurrency:
+            return
+
+      refill()
+      while pending:
+        finished, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+        for fut in finished:
+          pending.discard(fut)
+          row = fut.result()
+          f = acc_f if "problem" in row else rej_f
+          f.write(json.dumps(row, ensure_ascii=False) + "\n")
+          f.flush()
+          counts["accepted" if "problem" in row else "rejected"] += 1
+          bar.update(1)
+          bar.set_postfix(accepted=counts["accepted"], rejected=counts["rejected"],
+                          refresh=False)
+        refill()
+    ok = True
+  finally:
+    assistant.close()
+    # After a failure, requests still in flight are abandoned, not awaited (main exits
+    # with os._exit once the report is written).
+    pool.shutdown(wait=ok, cancel_futures=True)
+    bar.close()
+  return counts
+
+
+def write_report(out: str, depth: int, planned: int, extra: dict) -> dict:
+  report = funnel_report(read_rows(out), read_rows(rejected_path(out)), depth, planned)
+  report.update(extra)
+  with open(out + ".report.json", "w") as f:
+    json.dump(report, f, indent=2)
+  return report
+
+
+def parse_flags(argv):
+  """absl parsing with a bad flag reported in one line (exit 2)."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    _fail(" ".join(str(e).split()))
+
+
+def _check_flags() -> None:
+  if not FLAGS.source:
+    _fail("--source is required (a parquet/jsonl/json file of problems with answers)")
+  if not FLAGS.out or not FLAGS.out.endswith(".jsonl"):
+    _fail(f"--out must be a .jsonl path, got {FLAGS.out!r}")
+  if not FLAGS.url or not FLAGS.url.startswith(("http://", "https://")):
+    _fail(f"--url must be an http(s) server address, got {FLAGS.url!r}")
+  checks = [("depth", FLAGS.depth >= 2, ">= 2"), ("n", FLAGS.n >= 1, ">= 1"),
+            ("pool_size", FLAGS.pool_size >= 1, ">= 1"),
+            ("concurrency", FLAGS.concurrency >= 1, ">= 1"),
+            ("timeout_s", FLAGS.timeout_s > 0, "> 0"), ("retries", FLAGS.retries >= 0, ">= 0"),
+            ("temperature", FLAGS.temperature >= 0, ">= 0"),
+            ("top_p", 0 < FLAGS.top_p <= 1, "in (0, 1]"),
+            ("max_tokens", FLAGS.max_tokens >= 1, ">= 1")]
+  for name, ok, want in checks:
+    if not ok:
+      _fail(f"--{name} must be {want}, got {FLAGS[name].value}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f"unexpected arguments {argv[1:]}")
+  _check_flags()
+  from rlvr.data import DatasetError
+  out = FLAGS.out
+  tags = _tags(FLAGS.source, FLAGS.second_source)
+  try:
+    first = load_problems(FLAGS.source, tags[0])
+    second = load_problems(FLAGS.second_source, tags[1]) if FLAGS.second_source else None
+  except (DatasetError, OSError, ValueError, ImportError) as e:
+    _fail(f"cannot read the source: {_short(e)}")
+  if os.path.dirname(os.path.abspath(out)):
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  plan_info = {"source": os.path.abspath(FLAGS.source),
+               "second_source": FLAGS.second_source and os.path.abspath(FLAGS.second_source),
+               "depth": FLAGS.depth, "pool_size": FLAGS.pool_size, "seed": FLAGS.seed,
+               "problems_sha256": problems_digest(first, second)}
+  try:
+    plan = make_plan(first, second, FLAGS.depth, FLAGS.n, FLAGS.pool_size, FLAGS.seed)
+    check_plan_file(out + ".plan.json", plan_info)
+  except ValueError as e:
+    _fail(_short(e))
+  assistant = Assistant(FLAGS.url, FLAGS.model,
+                        api_key=FLAGS.api_key or os.environ.get("VLLM_API_KEY") or None,
+                        temperature=FLAGS.temperature, top_p=FLAGS.top_p,
+                        max_tokens=FLAGS.max_tokens, timeout_s=FLAGS.timeout_s,
+                        retries=FLAGS.retries, concurrency=FLAGS.concurrency)
+  t0, error = time.time(), None
+  try:
+    counts = run(plan, out, assistant, FLAGS.concurrency)
+  except AssistantError as e:
+    counts, error = collections.Counter(), str(e)
+  except KeyboardInterrupt:
+    counts, error = collections.Counter(), "interrupted"
+  report = write_report(out, FLAGS.depth, len(plan), {
+      "this_run": {"seconds": round(time.time() - t0, 1), "requests": assistant.requests,
+                   "server_refused": assistant.refused, "endpoint": assistant.mode,
+                   **({"error": error} if error else {})}})
+  print(format_report(report))
+  print(f"accepted: {out}\nrejected: {rejected_path(out)}\nreport: {out}.report.json")
+  if error:
+    sys.stdout.flush()
+    sys.stderr.write(f"launch.compose: {error}; finished rows are saved, rerun the same "
+                     "command to continue\n")
+    sys.stderr.flush()
+    os._exit(1)   # threads may still wait on a hung server: do not join them
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)
