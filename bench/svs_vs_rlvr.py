@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from study_utils import mean_se, read_rows, share_sft  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -41,34 +43,7 @@ def _train(workdir, arm, seed):
          f"--config.eval.every={FLAGS.eval_every}", "--config.eval.sampling.n=8", *ARMS[arm],
          *FLAGS.extra]
   subprocess.run(cmd, cwd=REPO, check=True)
-  with open(os.path.join(workdir, "progress.json")) as f:
-    before = json.load(f)["eval_before"]["heldout"]
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f]
-  # The SFT warm start's evaluation, plotted at step 0.
-  return [{"step": 0, **{f"heldout_{k}": v for k, v in before.items()}}] + [
-      {**r, "step": r["step"] + 1} for r in rows]
-
-
-def _share_sft(src, dst):
-  """Same SFT warm start and its evaluation for every arm of a seed: copied, not retrained."""
-  if os.path.exists(os.path.join(dst, "sft", "model")):
-    return
-  os.makedirs(dst, exist_ok=True)
-  shutil.copytree(os.path.join(src, "sft"), os.path.join(dst, "sft"))
-  with open(os.path.join(src, "progress.json")) as f:
-    before = json.load(f)["eval_before"]
-  with open(os.path.join(dst, "progress.json"), "w") as f:
-    json.dump({"eval_before": before}, f)
-
-
-def _mean_se(xs):
-  xs = [x for x in xs if x is not None]
-  if not xs:
-    return None, None
-  m = sum(xs) / len(xs)
-  se = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5 if len(xs) > 1 else 0.0
-  return m, se
+  return read_rows(workdir)
 
 
 def _table(rows, seeds):
@@ -84,7 +59,7 @@ def _table(rows, seeds):
       for key in ("heldout_pass@1", "heldout_pass@8"):
         vals = [next((r[key] for r in rows[arm][s] if r["step"] == step and key in r), None)
                 for s in seeds]
-        m, se = _mean_se(vals)
+        m, se = mean_se(vals)
         parts.append("-" if m is None else f"{100 * m:.1f}±{100 * se:.1f}")
       cells.append(" / ".join(parts))
     lines.append(f"| {arm} | " + " | ".join(cells) + " |")
@@ -104,7 +79,7 @@ def main(argv):
     for arm in FLAGS.arms:
       workdir = os.path.join(root, f"seed{seed}", arm)
       if arm != FLAGS.arms[0]:
-        _share_sft(first, workdir)
+        share_sft(first, workdir)
       rows[arm][seed] = _train(workdir, arm, seed)
 
   import matplotlib
@@ -148,11 +123,11 @@ def main(argv):
                                                for r in train) / len(train)),
       }
     summary["arms"][name] = {"per_seed": per, **{
-        f"{k}_mean_se": _mean_se([v[k] for v in per.values()]) for k in next(iter(per.values()))}}
+        f"{k}_mean_se": mean_se([v[k] for v in per.values()]) for k in next(iter(per.values()))}}
   base = FLAGS.arms[0]
   for name in FLAGS.arms[1:]:   # paired by seed: same data split and SFT
     diffs = [rows_final(rows, name, s) - rows_final(rows, base, s) for s in seeds]
-    summary["arms"][name][f"final_pass@1_minus_{base}_mean_se"] = _mean_se(diffs)
+    summary["arms"][name][f"final_pass@1_minus_{base}_mean_se"] = mean_se(diffs)
   summary["table"] = _table(rows, seeds)
   with open(os.path.join(root, "study.json"), "w") as f:
     json.dump(summary, f, indent=2)

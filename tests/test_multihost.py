@@ -157,8 +157,9 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(plain_runs, tmp_p
   assert "stopped by SIGTERM after RL step" in logs[0] + logs[1]
   done = _rows(workdir / "metrics.jsonl")
   assert 1 <= len(done) < 3 and done == _rows(root / "two" / "metrics.jsonl")[:len(done)]
-  _two_processes(PLAIN, workdir, tmp_path)
-  assert _rows(workdir / "metrics.jsonl") == _rows(root / "two" / "metrics.jsonl")
+  # One checkpoint, at the step both stopped after (resuming from it: the SIGKILL test).
+  steps = sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
+  assert steps[-1] == len(done)
 
 
 def test_work_dirs_that_are_not_shared_are_an_error_at_start_up(tmp_path):

@@ -1,0 +1,39 @@
+"""What the embedded-scale studies share: one SFT warm start per seed, mean +- standard error."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+
+def share_sft(src: str, dst: str) -> None:
+  """Same SFT warm start and its evaluation for every arm of a seed: copied, not retrained."""
+  if os.path.exists(os.path.join(dst, "sft", "model")):
+    return
+  os.makedirs(dst, exist_ok=True)
+  shutil.copytree(os.path.join(src, "sft"), os.path.join(dst, "sft"))
+  with open(os.path.join(src, "progress.json")) as f:
+    before = json.load(f)["eval_before"]
+  with open(os.path.join(dst, "progress.json"), "w") as f:
+    json.dump({"eval_before": before}, f)
+
+
+def mean_se(xs):
+  """(mean, standard error) of the values that are not None; (None, None) for none."""
+  xs = [x for x in xs if x is not None]
+  if not xs:
+    return None, None
+  m = sum(xs) / len(xs)
+  se = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5 if len(xs) > 1 else 0.0
+  return m, se
+
+
+def read_rows(workdir: str) -> list[dict]:
+  """The SFT warm start's evaluation as step 0, then every RL step's metrics at step + 1."""
+  with open(os.path.join(workdir, "progress.json")) as f:
+    before = json.load(f)["eval_before"]
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  first = {"step": 0, **{f"{name}_{k}": v for name, r in before.items() for k, v in r.items()}}
+  return [first] + [{**r, "step": r["step"] + 1} for r in rows]
