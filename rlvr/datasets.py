@@ -70,8 +70,24 @@ def _files(d) -> RunData:
   return RunData(sft, train, evals)
 
 
+def _check_mode(d) -> None:
+  """Settings the chosen data.kind would ignore are an error naming both fields."""
+  if d.kind == "arithmetic":
+    for name in ("train_path", "extra_train_paths", "eval_paths", "sft_path"):
+      if d[name]:
+        raise ValueError(f"data.{name}: set, but data.kind is 'arithmetic' (a procedural task "
+                         f"that reads no files); set data.kind='files' or clear data.{name}")
+  elif d.kind == "files":
+    t = d.arithmetic
+    for name in ("n_sft", "n_train", "n_heldout"):
+      if t[name]:
+        raise ValueError(f"data.arithmetic.{name}: set, but data.kind is 'files'; set "
+                         f"data.kind='arithmetic' or clear data.arithmetic.{name}")
+
+
 def prepare(d, seed: int) -> RunData:
   """The run's data from its `data` config section."""
+  _check_mode(d)
   if d.kind == "arithmetic":
     return _arithmetic(d, seed)
   if d.kind == "files":

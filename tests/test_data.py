@@ -201,3 +201,16 @@ def test_stream_validation():
     DataStream(0, seed=0)
   with pytest.raises(ValueError, match="missing keys"):
     DataStream.from_state({"n": 3, "seed": 0})
+
+
+def test_settings_the_data_kind_ignores_are_errors_naming_both_fields():
+  from configs import base, tiny_rlvr
+  from rlvr import datasets
+  c = tiny_rlvr.get_config()
+  c.data.train_path = "/tmp/nope.jsonl"
+  with pytest.raises(ValueError, match=r"data.train_path: set, but data.kind is 'arithmetic'"):
+    datasets.prepare(c.data, 0)
+  c = base.get_config()
+  c.data.arithmetic.n_train = 10
+  with pytest.raises(ValueError, match=r"data.arithmetic.n_train: set, but data.kind is 'files'"):
+    datasets.prepare(c.data, 0)
