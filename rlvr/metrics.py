@@ -108,8 +108,10 @@ def _running_mean(values, window: int):
 
 
 def plot_metrics(rows: Iterable[Mapping[str, Any]], keys: Iterable[str], path: str,
-                 title: str = "") -> str:
+                 title: str = "", marks: Iterable[float] = ()) -> str:
   """One small panel per metric over steps; saves a PNG.
+
+  marks: steps drawn as dashed vertical lines on every panel (e.g. curriculum switches).
 
   Per-step metrics are drawn as faint points under a running mean; metrics
   logged only now and then (held-out evaluations) as a line with markers.
@@ -138,6 +140,8 @@ def plot_metrics(rows: Iterable[Mapping[str, Any]], keys: Iterable[str], path: s
       ax.plot(steps, _running_mean(list(values), window), color=line.get_color(), lw=1.5,
               label=f"{window}-step mean")
       ax.legend(fontsize=7, loc="best")
+    for step in marks:
+      ax.axvline(step, color="grey", ls="--", lw=0.8)
     ax.set_title(key, fontsize=9)
     ax.set_xlabel("step", fontsize=8)
     ax.grid(alpha=0.3)

@@ -217,9 +217,11 @@ def write_summary(run: Run, method, seconds: float) -> dict:
     metrics_lib.plot_metrics(rows, PLOT_KEYS, os.path.join(run.workdir, "training.png"),
                              title=name)
     if method.plot_keys:
+      mark = getattr(method, "mark_key", "")
       metrics_lib.plot_metrics(rows, method.plot_keys,
                                os.path.join(run.workdir, f"{method.name}.png"),
-                               title=f"{name}: {method.name}")
+                               title=f"{name}: {method.name}",
+                               marks=[r["step"] + 1 for r in rows if mark and r.get(mark)])
   reports = {label: os.path.join(run.workdir, f"eval_{tag}", "eval.json")
              for label, tag in (("before RL", "before_rl"), ("after RL", "after_rl"))}
   if distributed.is_writer() and all(os.path.exists(p) for p in reports.values()):

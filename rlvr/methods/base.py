@@ -25,6 +25,9 @@ class Method(Protocol):
   name: str                          # also the name of its plot, `<name>.png`
   plot_keys: tuple[str, ...]         # metrics of its own plot; () for none
   progress_keys: Mapping[str, str]   # progress-bar label -> metric key
+  # Optional: a metric whose truthy steps are marked on the method's plot (e.g. the
+  # curriculum's depth switches); methods without it mark nothing.
+  # mark_key: str
 
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
     """The scored groups of one update (may be empty: the update is skipped) + metrics."""

@@ -36,6 +36,7 @@ class Composition:
   name = "composition"
   plot_keys: tuple[str, ...] = ("depth", "solve_all", "solve_none", "accuracy")
   progress_keys: Mapping[str, str] = {"depth": "depth"}
+  mark_key = "depth_switch"              # the plot marks the steps where a new depth begins
 
   def __init__(self, train: Sequence[Prompt], curriculum: CurriculumConfig, seed: int):
     by_depth: dict[int, list[Prompt]] = {}
