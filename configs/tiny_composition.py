@@ -28,7 +28,7 @@ def get_config():
   c.composition.solve_all_threshold = 0.6
   c.composition.window = 5
   c.rl.steps = 90
-  c.rl.loop.max_prompt_len = 48          # depth 3: at most 43 tokens
+  c.rl.loop.max_prompt_len = 64          # depth 3: 43 tokens of problem + the chat template
   c.rl.loop.max_response_len = 96        # depth 3 worked solutions: up to 85 tokens
   c.eval.sampling.max_tokens = 96
   return c
