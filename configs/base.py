@@ -13,6 +13,7 @@ import os
 import ml_collections
 
 from rlvr import evaluation, learner, loop, settings, shaping
+from rlvr.methods import qbq as qbq_method
 from rlvr.rewards import RewardConfig
 from synthesis import composition, svs
 
@@ -70,15 +71,19 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 0                       # 0 = no SFT warm start
   c.sft.batch_size = 64
-  c.sft.learner = settings.section(     # rlvr.learner.LearnerConfig, SFT's own defaults
+  c.sft.learner = settings.section(     # rlvr.learner.LearnerConfig, SFT's own defaults;
       learner.LearnerConfig, learning_rate=1e-5, weight_decay=0.0, dual_clip=None)
+                                        # .lora.rank > 0: LoRA adapters on the frozen model,
+                                        # exported merged (rlvr.lora; QbQ M0: rank 32)
 
   c.method = "rlvr"                     # "rlvr" (plain GRPO), "svs" (online synthesis),
-                                        # "composition" (depth curriculum), or
+                                        # "composition" (depth curriculum), "qbq"
+                                        # (rounds of variants, SelectRL), or
                                         # "package.module:factory" (rlvr/methods/__init__.py)
   c.svs = settings.section(svs.SvSConfig)   # synthesis.svs.SvSConfig (METHODS.md "SvS")
   c.composition = settings.section(     # synthesis.composition.CurriculumConfig: depth stages
       composition.CurriculumConfig)
+  c.qbq = settings.section(qbq_method.QbQConfig)   # rounds, bands, teacher, SelectRL (QbQ)
   c.svs_template = "default"            # synthesis prompt: "default", "arithmetic" or a file path
 
   c.rl = ml_collections.ConfigDict()

@@ -23,6 +23,7 @@ flags.DEFINE_list("seeds", ["0"], "Sampling seeds; the report gives mean and std
 flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling.")
 flags.DEFINE_integer("top_k", 0, "Top-k sampling (0 = off).")
+flags.DEFINE_float("repetition_penalty", 1.0, "vLLM / HF repetition penalty (1 = off).")
 flags.DEFINE_integer("max_tokens", 1024, "Response length limit.")
 flags.DEFINE_integer("limit", 0, "Use the first N problems of each set (0 = all).")
 flags.DEFINE_string("instruction", "Please reason step by step, and put your final answer "
@@ -74,6 +75,7 @@ def main(argv):
       seeds=tuple(int(s) for s in pick("seeds", run_eval.get("seeds"))),
       temperature=pick("temperature", run_eval.get("temperature")),
       top_p=pick("top_p", run_eval.get("top_p")), top_k=pick("top_k", run_eval.get("top_k")),
+      repetition_penalty=pick("repetition_penalty", run_eval.get("repetition_penalty", 1.0)),
       max_tokens=pick("max_tokens", run_eval.get("max_tokens")))
   instruction = pick("instruction", run_cfg.data.instruction if run_cfg else None)
   extraction = run_cfg.reward.extraction if run_cfg else "boxed"

@@ -22,12 +22,16 @@ flags.DEFINE_integer("batch_size", 32, "Pairs per step.")
 flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate (warmup + cosine).")
 flags.DEFINE_string("mesh", "fsdp=-1", "Mesh axes, e.g. data=2,fsdp=4.")
 flags.DEFINE_integer("seed", 0, "Shuffling seed.")
+flags.DEFINE_integer("lora_rank", 0, "LoRA rank (0 = full fine-tuning); written merged.")
+flags.DEFINE_float("lora_alpha", 64.0, "LoRA alpha (scale alpha / rank).")
+flags.DEFINE_float("lora_dropout", 0.05, "LoRA dropout (rows of A, per step; rlvr/lora.py).")
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
   from rlvr import learner, sharding
+  from rlvr.lora import LoraConfig
   from rlvr.sft import train_sft
   if FLAGS.data == "arithmetic":
     from rlvr.tasks import arithmetic
@@ -41,7 +45,8 @@ def main(argv):
   mesh = sharding.make_mesh({k: int(v) for k, v in (p.split("=") for p in FLAGS.mesh.split(","))})
   lc = learner.LearnerConfig(learning_rate=FLAGS.learning_rate, lr_schedule="cosine",
                              warmup_steps=min(50, FLAGS.steps // 10), total_steps=FLAGS.steps,
-                             weight_decay=0.0, dual_clip=None)
+                             weight_decay=0.0, dual_clip=None,
+                             lora=LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, FLAGS.lora_dropout))
   out = train_sft(FLAGS.model, pairs, FLAGS.workdir, learner_cfg=lc, mesh=mesh,
                   instruction=FLAGS.instruction, steps=FLAGS.steps, batch_size=FLAGS.batch_size,
                   seed=FLAGS.seed)

@@ -37,8 +37,14 @@ def versions() -> dict[str, str]:
 
 def save(mngr: ocp.CheckpointManager, state: learner.TrainState,
          metadata: dict[str, Any] | None = None, *, wait: bool = True) -> int:
-  """Saves `state` at its step with metadata (data position, config, ...) + versions."""
-  step = int(jax.device_get(state.step))
+  """Saves `state` with metadata (data position, config, ...) + versions.
+
+  The checkpoint's step is metadata["step"] when given: the RL loop's position,
+  which differs from the optimizer's update count (`state.step`) once a step makes
+  several optimizer steps (mini-batches) or none (an empty buffer). Else state.step.
+  """
+  step = int(metadata["step"]) if metadata and "step" in metadata else int(
+      jax.device_get(state.step))
   meta = dict(metadata or {}, step=step, versions=versions())
   mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                           meta=ocp.args.JsonSave(meta)))
@@ -83,6 +89,11 @@ def restore_or_init(directory: str, model_cfg: ModelConfig, cfg: learner.Learner
 
 
 def export_hf(path: str, model_cfg: ModelConfig, state: learner.TrainState, tokenizer=None,
-              dtype=None) -> str:
-  """Writes the policy (master params, optionally cast) as an HF directory."""
-  return hf_io.save_hf(path, model_cfg, state.params, tokenizer=tokenizer, dtype=dtype)
+              dtype=None, cfg: learner.LearnerConfig | None = None) -> str:
+  """Writes the policy (master params, optionally cast) as an HF directory.
+
+  A LoRA state is written merged, which needs its learner config (`cfg`)."""
+  if isinstance(state, learner.LoraTrainState) and cfg is None:
+    raise ValueError("export_hf: a LoRA state (adapters on a base) needs cfg= to merge them")
+  params = state.params if cfg is None else learner.policy_params(state, cfg)
+  return hf_io.save_hf(path, model_cfg, params, tokenizer=tokenizer, dtype=dtype)

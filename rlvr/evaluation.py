@@ -24,6 +24,7 @@ class EvalConfig:
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
+  repetition_penalty: float = 1.0  # vLLM / HF semantics; 1 = off
   max_tokens: int = 256
   batch_prompts: int = 64         # prompts per generate call
 
@@ -73,7 +74,8 @@ def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable
       chunks = tqdm(chunks, desc=f"eval seed {seed}", unit="batch", leave=False)
     for start in chunks:
       sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                          max_tokens=cfg.max_tokens, seed=seed * 100_003 + start)
+                          repetition_penalty=cfg.repetition_penalty, max_tokens=cfg.max_tokens,
+                          seed=seed * 100_003 + start)
       groups = rollout(sampler.generate, score_fn, prompts[start:start + cfg.batch_prompts], sp)
       counts += [int(g.correct.sum()) for g in groups]
     counts = np.asarray(counts)

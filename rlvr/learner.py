@@ -5,6 +5,11 @@ recomputes the completion-token logprobs, applies the clipped token-level
 loss, accumulates gradients over micro-batches with the loss normaliser of the
 WHOLE batch (so 1 or k micro-batches give the same step), clips the global
 gradient norm and takes one AdamW step. State is donated.
+
+With `LearnerConfig.lora.rank > 0` the trained pytree (`TrainState.params`,
+and so the optimizer state) is the LoRA adapters, the frozen base rides in
+`LoraTrainState.base`, and the loss sees `lora.merge(base, adapters)`
+(`rlvr.lora`); `policy_params(state, cfg)` is the policy's weights either way.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import numpy as np
 import optax
 
 from rlvr import grpo, sharding
+from rlvr import lora as lora_lib
+from rlvr.lora import LoraConfig
 from rlvr.model import attention, decoder
 from rlvr.model.config import ModelConfig
 
@@ -57,6 +64,7 @@ class LearnerConfig:
   logits_chunk: int = 256                # positions per logits block in the loss
   attention: str = "auto"                # "auto" (blockwise at long T), "dense", "blockwise",
                                          # "cudnn" (GPU flash attention, right-padded rows)
+  lora: LoraConfig = LoraConfig()        # rank > 0: train LoRA adapters on a frozen base
 
   def __post_init__(self):
     if self.lr_schedule not in ("constant", "cosine"):
@@ -81,6 +89,8 @@ class LearnerConfig:
       raise ValueError(f"dual_clip: must be > 1, got {self.dual_clip}")
     if self.tis_cap is not None and self.tis_cap <= 0:
       raise ValueError(f"tis_cap: must be > 0, got {self.tis_cap}")
+    if not isinstance(self.lora, LoraConfig):
+      raise ValueError(f"lora: expected a rlvr.lora.LoraConfig, got {type(self.lora).__name__}")
 
 
 @flax.struct.dataclass
@@ -134,6 +144,25 @@ class TrainState:
   ref_params: Any = None         # frozen reference model, only when kl_beta > 0
 
 
+@flax.struct.dataclass
+class LoraTrainState(TrainState):
+  """The state with LoRA: params (and so opt_state) are the adapters, `base` the
+  frozen f32 weights they merge into. A subclass, so that full fine-tuning's
+  TrainState and its checkpoints keep their structure."""
+
+  base: Any = None
+
+# fold_in streams of TrainState.rng (its per-step chain folds in step numbers).
+_LORA_INIT, _LORA_DROPOUT = 0x4C6F5241, 0x4C6F5244
+
+
+def policy_params(state: TrainState, cfg: LearnerConfig):
+  """The policy's weights: `state.params`, or with LoRA the base with the adapters merged."""
+  if not isinstance(state, LoraTrainState):
+    return state.params
+  return lora_lib.merge(state.base, state.params, cfg.lora)
+
+
 def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
   if cfg.lr_schedule == "constant":
     if cfg.warmup_steps:
@@ -155,23 +184,39 @@ def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
 def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
   """TrainState of NamedShardings: params and their optimizer moments by the rules."""
   tx = make_optimizer(cfg)
-  param_sh = decoder.param_shardings(model_cfg, mesh, rules)
-  shapes = decoder.param_shapes(model_cfg)
+  model_sh = decoder.param_shardings(model_cfg, mesh, rules)
+  if cfg.lora.rank:
+    param_sh = lora_lib.shardings(model_cfg, cfg.lora, mesh, rules)
+    shapes = lora_lib.adapter_shapes(model_cfg, cfg.lora)
+  else:
+    param_sh, shapes = model_sh, decoder.param_shapes(model_cfg)
   rep = sharding.replicated(mesh)
   opt_sh = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, shapes), param_sh,
                                  transform_non_params=lambda _: rep)
-  return TrainState(params=param_sh, opt_state=opt_sh, step=rep, rng=rep,
-                    ref_params=param_sh if cfg.kl_beta > 0 else None)
+  kw = dict(params=param_sh, opt_state=opt_sh, step=rep, rng=rep,
+            ref_params=model_sh if cfg.kl_beta > 0 else None)
+  return LoraTrainState(**kw, base=model_sh) if cfg.lora.rank else TrainState(**kw)
 
 
 def new_state(params, rng, cfg: LearnerConfig) -> TrainState:
-  """Fresh TrainState: f32 master params, zero optimizer moments, step 0."""
+  """Fresh TrainState: f32 master params (with LoRA: f32 base, fresh adapters as
+  params), zero optimizer moments, step 0."""
   params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
   ref = None
   if cfg.kl_beta > 0:
     ref = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
+  if cfg.lora.rank:
+    adapters = lora_lib.init_adapters(params, cfg.lora, jax.random.fold_in(rng, _LORA_INIT))
+    return LoraTrainState(params=adapters, opt_state=make_optimizer(cfg).init(adapters),
+                          step=jnp.zeros((), jnp.int32), rng=rng, ref_params=ref, base=params)
   return TrainState(params=params, opt_state=make_optimizer(cfg).init(params),
                     step=jnp.zeros((), jnp.int32), rng=rng, ref_params=ref)
+
+
+def reset_optimizer(state: TrainState) -> TrainState:
+  """The same state with fresh optimizer moments and counts (AdamW's init is all zeros),
+  placed as before; params and step are kept."""
+  return state.replace(opt_state=jax.tree.map(jnp.zeros_like, state.opt_state))
 
 
 def init_state(model_cfg: ModelConfig, cfg: LearnerConfig, params, mesh, rng=None,
@@ -250,7 +295,14 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
   counted = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
   normalizer = grpo.loss_normalizer(counted if cfg.normalize_all else loss_mask(batch, cfg),
                                     cfg.aggregation)
-  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  loss_fn = micro_loss
+  if cfg.lora.rank:
+    # One dropout mask per step, shared by the micro-batches: 1 or k give the same step.
+    dropout_rng = jax.random.fold_in(state.rng, _LORA_DROPOUT)
+
+    def loss_fn(adapters, *args):
+      return micro_loss(lora_lib.merge(state.base, adapters, cfg.lora, dropout_rng), *args)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   micro = _split_micro(batch, cfg.micro_batches)
 
   def body(carry, mb):
@@ -266,8 +318,8 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
 
   zeros = jax.tree.map(jnp.zeros_like, state.params)
   first = jax.tree.map(lambda x: x[0], micro)
-  sums_shape = jax.eval_shape(lambda: micro_loss(state.params, state.ref_params, first,
-                                                 normalizer, model_cfg, cfg)[1][0])
+  sums_shape = jax.eval_shape(lambda: loss_fn(state.params, state.ref_params, first,
+                                              normalizer, model_cfg, cfg)[1][0])
   sums0 = {k: jnp.zeros((), jnp.float32) for k in list(sums_shape) + ["loss"]}
   ext0 = {"ratio_max": jnp.array(-jnp.inf), "ratio_min": jnp.array(jnp.inf)}
   (grads, sums, ext), _ = jax.lax.scan(body, (zeros, sums0, ext0), micro)
@@ -310,5 +362,6 @@ def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None)
 
 
 def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig):
-  """Jitted `(params, batch) -> logp_bt`, e.g. to fix old logprobs before several steps."""
+  """Jitted `(params, batch) -> logp_bt`, e.g. to fix old logprobs before several steps.
+  params: the policy's weights (with LoRA: `policy_params(state, cfg)`)."""
   return jax.jit(lambda params, batch: sequence_logprobs(params, batch, model_cfg, cfg)[0])

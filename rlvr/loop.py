@@ -33,6 +33,7 @@ class RLConfig:
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
+  repetition_penalty: float = 1.0   # vLLM / HF semantics; 1 = off
   dynamic_sampling: bool = True     # keep only groups with 0 < acc < 1
   max_extra_rounds: int = 3         # bounded over-sampling rounds per step
   oversample: float = 2.0           # extra prompts per missing group in later rounds
@@ -56,6 +57,8 @@ class RLConfig:
       raise ValueError("max_extra_rounds must be >= 0 and oversample >= 1")
     if self.adv_std_ddof not in (0, 1):
       raise ValueError(f"adv_std_ddof: expected 0 or 1, got {self.adv_std_ddof}")
+    if not self.repetition_penalty > 0:
+      raise ValueError(f"repetition_penalty: must be > 0 (1 = off), got {self.repetition_penalty}")
     if self.ppo_mini_batch_size < 0:
       raise ValueError(f"ppo_mini_batch_size: must be >= 0 (0 = whole buffer), "
                        f"got {self.ppo_mini_batch_size}")
@@ -78,7 +81,8 @@ class RLConfig:
 
   def sampling_params(self, seed: int) -> SamplingParams:
     return SamplingParams(n=self.group_size, temperature=self.temperature, top_p=self.top_p,
-                          top_k=self.top_k, max_tokens=self.max_response_len, seed=seed)
+                          top_k=self.top_k, repetition_penalty=self.repetition_penalty,
+                          max_tokens=self.max_response_len, seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,12 +390,17 @@ def rl_step(state, update_fn, method, env: StepEnv, step: int, to_batch: Callabl
   rows when multi-host); logp_fn: the learner's (params, batch) -> logp, needed
   when a buffer makes several optimizer steps (rl.ppo_mini_batch_size, ppo_epochs).
   The sampler gets the new weights at version step + 1, also when the buffer is
-  empty and the update is skipped.
+  empty and the update is skipped. A method with `resets_optimizer(step) -> True`
+  gets fresh optimizer moments before that step's update (QbQ: every round).
   """
   t0 = time.perf_counter()
   env.reset()
   groups, m = method.buffer(env, step)
   m = dict(m)
+  resets = getattr(method, "resets_optimizer", None)
+  if resets is not None and resets(step):
+    state = learner.reset_optimizer(state)
+    m["optimizer_reset"] = 1
   t_buffer = time.perf_counter()
   if groups:
     state, learner_metrics = update_on_buffer(state, update_fn, logp_fn, groups, env.rl,

@@ -173,14 +173,15 @@ def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
           for name, r in results.items()}
 
 
-def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, logp_fn):
-  """RL steps from state.step to rl.steps; checkpoints carry the method's state.
+def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, logp_fn,
+          start: int = 0):
+  """RL steps from `start` (a restored checkpoint's step) to rl.steps; checkpoints carry
+  the method's state and are keyed by the RL step, not by the optimizer's update count.
 
   SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`).
   """
   from tqdm import tqdm
   c = run.cfg
-  start = int(jax.device_get(state.step))
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start,
                                      enabled=distributed.is_writer())
   to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, run.mesh))
@@ -194,8 +195,8 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
         for name, scores in evaluate(run, env.sampler, eval_score).items():
           m.update({f"{name}_{k}": v for k, v in scores.items()})
       writer.write(step, m)
-      post = {"acc": f"{m['accuracy']:.2f}", "ent": f"{m.get('entropy', 0):.2f}",
-              "kept": m["groups_kept"]}
+      post = {"acc": f"{m.get('accuracy', float('nan')):.2f}",
+              "ent": f"{m.get('entropy', 0):.2f}", "kept": m.get("groups_kept", 0)}
       post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
       bar.set_postfix(post)
       stopping = stop.agreed()
@@ -253,6 +254,10 @@ def run(cfg) -> dict:
   r = setup(cfg)
   reward_cfg = settings.frozen(RewardConfig, cfg.reward)
   method = methods.make(cfg, r.prompts(r.data.train, "train"))
+  lc = settings.frozen(learner.LearnerConfig, cfg.rl.learner)
+  if lc.lora.rank:   # the RL loop samples and re-scores with state.params as the policy
+    raise ValueError("rl.learner.lora.rank: LoRA is wired into SFT only (sft.learner.lora); "
+                     "RL trains the full model, leave it 0")
   with RewardPool(workers=cfg.reward_workers, timeout_s=reward_cfg.timeout_s) as pool:
     score = evaluation.score_fn(pool, reward_cfg)
     # Evaluation counts correct answers only, with general (not integer-only) matching.
@@ -260,7 +265,6 @@ def run(cfg) -> dict:
                                                                integer_answers=False))
     start_dir = warm_start(r)
     model_cfg = model_lib.ModelConfig.from_hf(start_dir)
-    lc = settings.frozen(learner.LearnerConfig, cfg.rl.learner)
     mngr, state, meta = checkpoint.restore_or_init(
         os.path.join(r.workdir, "checkpoints"), model_cfg, lc, r.mesh,
         lambda: model_lib.load_hf(start_dir, mesh=r.mesh)[1], seed=cfg.seed,
@@ -282,7 +286,8 @@ def run(cfg) -> dict:
                            reward_cfg.integer_answers))
     state = train(r, state, mngr, method, env, eval_score,
                   learner.make_update_fn(model_cfg, lc, r.mesh),
-                  learner.make_logprob_fn(model_cfg, lc))
+                  learner.make_logprob_fn(model_cfg, lc),
+                  start=int(meta["step"]) if meta is not None else 0)
     mngr.close()
     if r.progress.get("eval_after_step") != cfg.rl.steps:
       r.progress["eval_after"] = evaluate(r, sampler, eval_score, "after_rl")

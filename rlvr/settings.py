@@ -5,6 +5,8 @@ default (Optional fields become typed placeholders, so `--config.x.y=...`
 works on them too); base configs build their sections with it and experiment
 configs override single fields. `frozen(cls, section)` turns a section back
 into the validated dataclass at the launch boundary, naming unknown fields.
+A field whose type is itself a dataclass (`LearnerConfig.lora`) becomes a
+nested section, and is frozen back the same way.
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ def section(cls, **overrides) -> ml_collections.ConfigDict:
     if value is dataclasses.MISSING:
       raise ValueError(f"{cls.__name__}.{f.name}: has no default; pass it to section()")
     inner = _optional_type(hints[f.name])
-    if value is None and inner is not None:
+    if dataclasses.is_dataclass(hints[f.name]):
+      if dataclasses.is_dataclass(value):
+        value = {g.name: getattr(value, g.name) for g in dataclasses.fields(value)}
+      value = section(hints[f.name], **value)
+    elif value is None and inner is not None:
       value = ml_collections.config_dict.placeholder(inner)
     c[f.name] = value
   return c
@@ -52,7 +58,10 @@ def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict) -> Any:
   unknown = sorted(set(d) - names)
   if unknown:
     raise ValueError(f"{cls.__name__}: unknown config fields {unknown}; known: {sorted(names)}")
+  hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
     if f.name in d and isinstance(d[f.name], list):
       d[f.name] = tuple(d[f.name])
+    elif f.name in d and dataclasses.is_dataclass(hints[f.name]) and isinstance(d[f.name], Mapping):
+      d[f.name] = frozen(hints[f.name], d[f.name])
   return cls(**d)

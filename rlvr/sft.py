@@ -55,7 +55,9 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
   end with the tokenizer's EOS. Checkpoints (orbax) every `checkpoint_every`
   steps under workdir/checkpoints and resumes from them; writes per-step
   metrics to workdir/metrics.jsonl and the result as an HF dir workdir/model,
-  which it returns (and reuses when already complete).
+  which it returns (and reuses when already complete). With
+  `learner_cfg.lora.rank > 0` only LoRA adapters train (on the frozen model)
+  and workdir/model is the base with them merged in (`rlvr.lora`).
   """
   import os
   import jax
@@ -109,5 +111,5 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
                     start_step=start, on_step=on_step, progress=progress)
   writer.close()
   mngr.close()
-  model_lib.save_hf(out_dir, m_cfg, state.params, tokenizer=tok)
+  checkpoint.export_hf(out_dir, m_cfg, state, tokenizer=tok, cfg=learner_cfg)  # LoRA: merged
   return out_dir

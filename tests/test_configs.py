@@ -13,6 +13,7 @@ from ml_collections import config_flags
 
 from rlvr import evaluation, learner, loop, methods, settings
 from rlvr.rewards import RewardConfig
+from rlvr.methods import qbq as qbq_method
 from synthesis import svs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +65,7 @@ def test_config_freezes_and_names_its_method(name):
   settings.frozen(learner.LearnerConfig, c.rl.learner)
   settings.frozen(learner.LearnerConfig, c.sft.learner)
   settings.frozen(svs.SvSConfig, c.svs)
+  settings.frozen(qbq_method.QbQConfig, c.qbq)
   settings.frozen(RewardConfig, c.reward)
   settings.frozen(evaluation.EvalConfig, c.eval.sampling)
   assert c.method in methods.KNOWN
@@ -106,6 +108,7 @@ def test_svs_ablations_change_one_setting_of_their_base(ablation):
   changed = {k for k in base.svs.keys() if base.svs[k] != c.svs[k]}
   assert changed == set(svs_ablations.ABLATIONS[ablation.removeprefix("tiny_")])
   settings.frozen(svs.SvSConfig, c.svs)
+  settings.frozen(qbq_method.QbQConfig, c.qbq)
 
 
 def test_paper_configs_take_verls_mini_batches_and_the_authors_svs_loop():

@@ -13,7 +13,8 @@ from transformers import AutoTokenizer
 
 from rlvr import model
 from rlvr.sampling import JaxSampler, SamplingParams
-from rlvr.sampling.jax_sampler import filter_logits
+from rlvr.sampling.jax_sampler import (apply_repetition_penalty, filter_logits, mark_seen,
+                                       prompt_seen_mask)
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 41]]
 
@@ -40,10 +41,37 @@ def _full_logprobs(params, cfg, seq):
   return np.asarray(fn(params, jnp.asarray(padded)))[:len(seq)]
 
 
+@functools.lru_cache
+def _logits_fn(cfg):
+  return jax.jit(lambda p, t: model.forward(p, t, config=cfg)[0].astype(jnp.float32))
+
+
+def _full_logits(params, cfg, seq):
+  padded = np.zeros((1, _WIDTH), np.int32)
+  padded[0, :len(seq)] = seq
+  return np.asarray(_logits_fn(cfg)(params, jnp.asarray(padded)))[:len(seq)]
+
+
 def _greedy_reference(params, cfg, prompt, steps):
   seq = list(prompt)
   for _ in range(steps):
     seq.append(int(np.argmax(_full_logprobs(params, cfg, seq)[-1])))
+  return seq[len(prompt):]
+
+
+def _np_penalty(logits, seen_ids, p):
+  """vLLM's rule in numpy: logits of ids seen in prompt or output scaled by 1/p if > 0, else p."""
+  out = np.array(logits, np.float32)
+  ids = np.asarray(sorted(seen_ids), np.int64)
+  x = out[ids]
+  out[ids] = np.where(x > 0, x * (np.float32(1) / np.float32(p)), x * np.float32(p))
+  return out
+
+
+def _penalized_greedy_reference(params, cfg, prompt, steps, p):
+  seq = list(prompt)
+  for _ in range(steps):
+    seq.append(int(np.argmax(_np_penalty(_full_logits(params, cfg, seq)[-1], set(seq), p))))
   return seq[len(prompt):]
 
 
@@ -139,6 +167,9 @@ def test_bad_sampling_params_are_named():
     SamplingParams(top_p=0.0)
   with pytest.raises(ValueError, match="max_tokens"):
     SamplingParams(max_tokens=0)
+  for bad in (0.0, -1.0, float("nan")):
+    with pytest.raises(ValueError, match="repetition_penalty"):
+      SamplingParams(repetition_penalty=bad)
 
 
 def test_a_prompt_near_the_context_limit_fits_without_power_of_two_buckets(setup):
@@ -152,3 +183,61 @@ def test_a_prompt_near_the_context_limit_fits_without_power_of_two_buckets(setup
   assert len(out.token_ids) == 256
   with pytest.raises(ValueError, match="1100 tokens \\+ max_tokens 1024 exceed"):
     sampler.generate([long_prompt], SamplingParams(n=1, max_tokens=1024))
+
+
+def test_repetition_penalty_on_hand_made_logits():
+  """Prompt and generated ids are penalized (positive logits divided, others multiplied),
+  left padding is not, and a penalty of 1 leaves the logits alone."""
+  logits = jnp.asarray([[2.0, -1.0, 0.5, -3.0, 1.0, 0.0],
+                        [3.0, -2.0, 1.5, 1.0, -0.5, 0.0],
+                        [3.0, -2.0, 1.5, 1.0, -0.5, 0.0]], jnp.float32)
+  prompts = jnp.asarray([[0, 0, 2, 3],     # two pad positions (id 0) then 2, 3
+                         [0, 4, 4, 5],     # id 0 is a real token here
+                         [0, 1, 2, 3]])
+  valid = jnp.asarray([[False, False, True, True], [True] * 4, [True] * 4])
+  seen = prompt_seen_mask(prompts, valid, 6)
+  assert np.asarray(seen).tolist() == [[False, False, True, True, False, False],
+                                       [True, False, False, False, True, True],
+                                       [True, True, True, True, False, False]]
+  seen = mark_seen(seen, jnp.asarray([4, 1, 5]))   # one generated token per row
+  out = np.asarray(apply_repetition_penalty(logits, seen, jnp.asarray([2.0, 1.5, 1.0])))
+  np.testing.assert_allclose(out[0], [2.0, -1.0, 0.25, -6.0, 0.5, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(out[1], [2.0, -3.0, 1.5, 1.0, -0.75, 0.0], rtol=1e-6)
+  assert (out[2] == np.asarray(logits[2])).all()
+  for i, (ids, p) in enumerate([({2, 3, 4}, 2.0), ({0, 1, 4, 5}, 1.5)]):
+    assert (out[i] == _np_penalty(np.asarray(logits[i]), ids, p)).all()
+
+
+def _first_difference(a, b):
+  return next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_repetition_penalty_greedy_matches_reference_and_keeps_raw_logprobs(setup):
+  cfg, params, _, sampler = setup
+  plain_sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+  first = sampler.generate(PROMPTS, plain_sp)
+  # Each prompt also extended by its first greedy tokens: the greedy continuation then
+  # reuses prompt tokens, so a penalty that missed the prompt would show.
+  prompts = PROMPTS + [p + list(g[0].token_ids[:4]) for p, g in zip(PROMPTS, first)]
+  plain = sampler.generate(prompts, plain_sp)
+  again = sampler.generate(prompts, dataclasses.replace(plain_sp, repetition_penalty=1.0))
+  assert [(c[0].token_ids, c[0].logprobs) for c in again] == [
+      (c[0].token_ids, c[0].logprobs) for c in plain]
+  pen = sampler.generate(prompts, dataclasses.replace(plain_sp, repetition_penalty=2.0))
+  for prompt, out in zip(prompts, pen):
+    assert list(out[0].token_ids) == _penalized_greedy_reference(params, cfg, prompt, 12, 2.0)
+    np.testing.assert_allclose(out[0].logprobs,
+                               _model_logprobs(params, cfg, prompt, out[0].token_ids),
+                               atol=1e-5, rtol=0)
+  changed = [(prompt, a[0].token_ids, _first_difference(a[0].token_ids, b[0].token_ids))
+             for prompt, a, b in zip(prompts, plain, pen) if a[0].token_ids != b[0].token_ids]
+  assert changed
+  # Somewhere the penalty turned greedy away from a token seen only in the prompt.
+  assert any(ids[t] in prompt and ids[t] not in ids[:t] for prompt, ids, t in changed)
+  # QbQ's scoring samples: logprobs stay the raw model's under every filter.
+  qbq = SamplingParams(n=2, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
+                       max_tokens=12, seed=4, ignore_eos=True)
+  for prompt, group in zip(PROMPTS, sampler.generate(PROMPTS, qbq)):
+    for c in group:
+      np.testing.assert_allclose(c.logprobs, _model_logprobs(params, cfg, prompt, c.token_ids),
+                                 atol=1e-5, rtol=0)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlvr import model
-from rlvr.sampling import SamplingParams
+from rlvr.sampling import JaxSampler, SamplingParams
 from rlvr.sampling.vllm_sampler import (EngineDeadError, MalformedResponseError, SamplerError,
                                         VLLMSampler, parse_completion_response)
 from rlvr.sampling.vllm_server import ServerOptions, free_port, start_server
@@ -23,6 +23,22 @@ _WIDTH = 96
 @functools.lru_cache
 def _logprob_fn(cfg):
   return jax.jit(lambda p, t: jax.nn.log_softmax(model.forward(p, t, config=cfg)[0], axis=-1))
+
+
+@functools.lru_cache
+def _logits_fn(cfg):
+  return jax.jit(lambda p, t: model.forward(p, t, config=cfg)[0].astype(jnp.float32))
+
+
+def _penalized_last_logits(params, cfg, seq, penalty):
+  """Our f32 next-token logits after `seq`, with vLLM's repetition penalty on seq's ids."""
+  padded = np.zeros((1, _WIDTH), np.int32)
+  padded[0, :len(seq)] = seq
+  z = np.array(_logits_fn(cfg)(params, jnp.asarray(padded)))[len(seq) - 1]  # writable
+  ids = np.asarray(sorted(set(seq)))
+  x = z[ids]
+  z[ids] = np.where(x > 0, x * (np.float32(1) / np.float32(penalty)), x * np.float32(penalty))
+  return z
 
 
 def _our_logprobs(params, cfg, prompt, completion):
@@ -158,3 +174,42 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
   finally:
     good.stop()
     sampler.close()
+
+
+def _first_difference(a, b):
+  return next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_repetition_penalty_greedy_matches_jax_sampler(client):
+  """Greedy with and without a strong repetition penalty: the JaxSampler and the vLLM
+  server pick the same tokens (a divergence is allowed only at a near-tie of the
+  penalized logits, after which the sequences go their own ways), the penalty changes
+  the output, and vLLM reproduces that change, including a turn away from a token seen
+  only in the prompt (vLLM penalizes prompt | output tokens)."""
+  sampler, cfg, params = client
+  jax_sampler = JaxSampler(cfg, params, tokenizer=None)
+  plain_sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+  base = PROMPTS + [[40, 41]]
+  first = jax_sampler.generate(base, plain_sp)
+  # Also each prompt extended by its first greedy tokens, whose continuation reuses them.
+  prompts = base + [p + list(g[0].token_ids[:4]) for p, g in zip(base, first)]
+  outs = {}
+  for penalty in (1.0, 2.0):
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                        repetition_penalty=penalty)
+    ours = [g[0].token_ids for g in jax_sampler.generate(prompts, sp)]
+    theirs = [g[0].token_ids for g in sampler.generate(prompts, sp)]
+    agree = []
+    for prompt, a, b in zip(prompts, ours, theirs):
+      t = _first_difference(a, b)
+      if t < len(a):
+        z = _penalized_last_logits(params, cfg, list(prompt) + list(a[:t]), penalty)
+        assert abs(z[a[t]] - z[b[t]]) < 1e-3, (penalty, prompt, a, b, t, z[a[t]], z[b[t]])
+      agree.append(t)
+    outs[penalty] = ours, agree
+  (plain, _), (pen, agree) = outs[1.0], outs[2.0]
+  changed = [(prompt, a, _first_difference(a, b))
+             for prompt, a, b, n in zip(prompts, plain, pen, agree) if a != b
+             and n > _first_difference(a, b)]   # vLLM took the same penalized turn
+  assert changed, (plain, pen, agree)
+  assert any(a[t] in prompt and a[t] not in a[:t] for prompt, a, t in changed), changed

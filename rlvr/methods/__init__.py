@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import Sequence
 
-from rlvr.methods import composition, plain, svs
+from rlvr.methods import composition, plain, qbq, svs
 from rlvr.methods.base import Method, Prompt
 
-KNOWN = {"rlvr": plain.make, "svs": svs.make, "composition": composition.make}
+KNOWN = {"rlvr": plain.make, "svs": svs.make, "composition": composition.make,
+         "qbq": qbq.make}
 
 
 def make(cfg, train: Sequence[Prompt]) -> Method:

@@ -28,6 +28,8 @@ class Method(Protocol):
   # Optional: a metric whose truthy steps are marked on the method's plot (e.g. the
   # curriculum's depth switches); methods without it mark nothing.
   # mark_key: str
+  # Optional: `resets_optimizer(step) -> bool`, True where the step's update starts from
+  # fresh optimizer moments (QbQ re-initialises AdamW every round).
 
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
     """The scored groups of one update (may be empty: the update is skipped) + metrics."""

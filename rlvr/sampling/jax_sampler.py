@@ -1,8 +1,15 @@
 """In-process sampler: jitted prefill + decode loop on the model's KV cache.
 
 Shapes are bucketed (rows and prompt length to powers of two, new tokens to
-a power of two), and temperature / top-k / top-p / seeds are traced values,
-so a handful of compilations serve a whole run.
+a power of two), and temperature / top-k / top-p / repetition penalty / seeds
+are traced values, so a handful of compilations serve a whole run.
+
+The repetition penalty follows vLLM (`vllm/_custom_ops.py`
+`apply_repetition_penalties_torch`, called from the v1 sampler's
+`apply_penalties` on prompt_mask | output_mask): a [rows, vocab] "seen" mask
+of the prompt (padding excluded) and the tokens sampled so far rides in the
+decode loop, and only calls with a penalty other than 1 carry it (a static
+flag), so unpenalized sampling is the same computation as without the feature.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ class _RowSettings:
   temperature: jax.Array   # [R] f32; 0 = greedy
   top_p: jax.Array         # [R] f32
   top_k: jax.Array         # [R] i32; 0 = off
+  repetition_penalty: jax.Array  # [R] f32; 1 = off
   keys: jax.Array          # [R, 2] u32 per-row PRNG keys
   max_new: jax.Array       # [] i32
   stop_ids: jax.Array      # [S] i32, padded with -1
@@ -55,14 +63,43 @@ def filter_logits(logits_rv: jax.Array, temperature, top_k, top_p) -> jax.Array:
   return jnp.where(z < cutoff, -jnp.inf, z)
 
 
-def _sample(logits_rv, s: _RowSettings, step, filtered: bool):
-  raw_logp = jax.nn.log_softmax(logits_rv.astype(jnp.float32), axis=-1)
-  greedy = jnp.argmax(raw_logp, axis=-1)
-  z = raw_logp
+def prompt_seen_mask(prompts_rp: jax.Array, valid_rp: jax.Array, vocab: int) -> jax.Array:
+  """[R, vocab] bool: which token ids occur among each row's valid (non-padding) prompt tokens."""
+  r = prompts_rp.shape[0]
+  idx = jnp.where(valid_rp, prompts_rp, vocab)   # padding goes out of range and is dropped
+  return jnp.zeros((r, vocab), bool).at[jnp.arange(r)[:, None], idx].set(True, mode="drop")
+
+
+def mark_seen(seen_rv: jax.Array, tok_r: jax.Array) -> jax.Array:
+  """`seen_rv` with each row's token `tok_r` added."""
+  return seen_rv.at[jnp.arange(seen_rv.shape[0]), tok_r].set(True, mode="drop")
+
+
+def apply_repetition_penalty(logits_rv: jax.Array, seen_rv: jax.Array,
+                             penalty_r: jax.Array) -> jax.Array:
+  """vLLM's repetition penalty: seen tokens' logits scaled by 1/p when > 0, else by p.
+
+  As vLLM computes it (multiplying by the float32 reciprocal, not dividing);
+  HF's `RepetitionPenaltyLogitsProcessor` divides, within an ulp of this.
+  """
+  pen = jnp.where(seen_rv, penalty_r.astype(jnp.float32)[:, None], 1.0)
+  return logits_rv * jnp.where(logits_rv > 0, 1.0 / pen, pen)
+
+
+def _sample(logits_rv, s: _RowSettings, step, filtered: bool, seen_rv=None):
+  """(token, its raw-model logprob) per row. `seen_rv` (None: no penalty) switches the
+  repetition penalty on: it shapes the token choice, never the returned logprob."""
+  logits = logits_rv.astype(jnp.float32)
+  raw_logp = jax.nn.log_softmax(logits, axis=-1)
+  base = raw_logp
+  if seen_rv is not None:
+    base = jax.nn.log_softmax(apply_repetition_penalty(logits, seen_rv, s.repetition_penalty),
+                              axis=-1)
+  greedy = jnp.argmax(base, axis=-1)
   if filtered:
-    z = filter_logits(raw_logp, s.temperature, s.top_k, s.top_p)
+    z = filter_logits(base, s.temperature, s.top_k, s.top_p)
   else:
-    z = raw_logp / jnp.maximum(s.temperature, 1e-6)[:, None]
+    z = base / jnp.maximum(s.temperature, 1e-6)[:, None]
   keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(s.keys)
   drawn = jax.vmap(jax.random.categorical)(keys, z)
   tok = jnp.where(s.temperature > 0, drawn, greedy).astype(jnp.int32)
@@ -70,35 +107,42 @@ def _sample(logits_rv, s: _RowSettings, step, filtered: bool):
 
 
 def _generate(params, prompts_rp, prompt_seg_rp, settings: _RowSettings, *, config: ModelConfig,
-              max_new_bucket: int, filtered: bool):
+              max_new_bucket: int, filtered: bool, penalized: bool):
   r, p = prompts_rp.shape
   cache = decoder.KVCache.empty(config, r, p + max_new_bucket, jax.tree.leaves(params)[0].dtype)
   logits, cache = decoder.forward(params, prompts_rp, config=config, segment_ids=prompt_seg_rp,
                                   cache=cache)
-  tok, lp = _sample(logits[:, -1], settings, 0, filtered)
+  seen = None   # no penalty: nothing extra in the loop
+  if penalized:
+    seen = prompt_seen_mask(prompts_rp, prompt_seg_rp > 0, logits.shape[-1])
+  tok, lp = _sample(logits[:, -1], settings, 0, filtered, seen)
+  if penalized:
+    seen = mark_seen(seen, tok)
   out_tok = jnp.zeros((r, max_new_bucket), jnp.int32).at[:, 0].set(tok)
   out_lp = jnp.zeros((r, max_new_bucket), jnp.float32).at[:, 0].set(lp)
   done = jnp.isin(tok, settings.stop_ids) | ~settings.live
   lengths = jnp.ones((r,), jnp.int32)
 
   def cond(carry):
-    i, _, _, _, done, _, _ = carry
+    i, _, _, _, done, _, _, _ = carry
     return (i < settings.max_new) & ~jnp.all(done)
 
   def body(carry):
-    i, cache, out_tok, out_lp, done, lengths, last = carry
+    i, cache, out_tok, out_lp, done, lengths, last, seen = carry
     seg = jnp.where(done, 0, 1).astype(jnp.int32)[:, None]
     logits, cache = decoder.forward(params, last[:, None], config=config, segment_ids=seg,
                                     cache=cache)
-    tok, lp = _sample(logits[:, 0], settings, i, filtered)
+    tok, lp = _sample(logits[:, 0], settings, i, filtered, seen)
+    if penalized:
+      seen = mark_seen(seen, tok)
     out_tok = jax.lax.dynamic_update_slice_in_dim(out_tok, jnp.where(done, 0, tok)[:, None], i, 1)
     out_lp = jax.lax.dynamic_update_slice_in_dim(out_lp, jnp.where(done, 0., lp)[:, None], i, 1)
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | jnp.isin(tok, settings.stop_ids)
-    return i + 1, cache, out_tok, out_lp, done, lengths, tok
+    return i + 1, cache, out_tok, out_lp, done, lengths, tok, seen
 
-  _, _, out_tok, out_lp, done, lengths, _ = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), cache, out_tok, out_lp, done, lengths, tok))
+  _, _, out_tok, out_lp, done, lengths, _, _ = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), cache, out_tok, out_lp, done, lengths, tok, seen))
   return out_tok, out_lp, lengths, done
 
 
@@ -118,7 +162,7 @@ class JaxSampler:
     self.version = 0
     self._lock = threading.Lock()
     self._fn = jax.jit(functools.partial(_generate, config=config),
-                       static_argnames=("max_new_bucket", "filtered"))
+                       static_argnames=("max_new_bucket", "filtered", "penalized"))
 
   def update_weights(self, params: Any, version: int) -> None:
     with self._lock:
@@ -172,13 +216,15 @@ class JaxSampler:
         temperature=np.full((r_bucket,), params.temperature, np.float32),
         top_p=np.full((r_bucket,), params.top_p, np.float32),
         top_k=np.full((r_bucket,), params.top_k, np.int32),
+        repetition_penalty=np.full((r_bucket,), params.repetition_penalty, np.float32),
         keys=keys, max_new=np.int32(params.max_tokens), stop_ids=stop_ids,
         live=np.arange(r_bucket) < len(rows))
     with self._lock:
       weights, version = self._params, self.version
       out_tok, out_lp, lengths, done = self._fn(
           weights, self._place(tokens), self._place(seg), jax.tree.map(self._place, settings),
-          max_new_bucket=new_bucket, filtered=params.top_k > 0 or params.top_p < 1.0)
+          max_new_bucket=new_bucket, filtered=params.top_k > 0 or params.top_p < 1.0,
+          penalized=params.repetition_penalty != 1.0)
     out_tok, out_lp, lengths, done = (sharding.to_host(x) for x in (out_tok, out_lp, lengths, done))
     result: list[list[Completion]] = [[] for _ in prompt_token_ids]
     for i in range(len(rows)):

@@ -10,6 +10,11 @@ from typing import Any, Protocol, Sequence
 class SamplingParams:
   """How to sample. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters.
 
+  repetition_penalty: as vLLM and HF define it (1 = off): every token id seen in
+  the prompt or the completion so far has its raw logit divided by it when
+  positive and multiplied by it otherwise, before temperature / top-k / top-p
+  (and before the greedy argmax). Returned logprobs stay the raw model's.
+
   seed: base seed of the call; prompt i draws from seed + i, so a prompt's
   samples do not depend on which other prompts share the call.
   """
@@ -18,6 +23,7 @@ class SamplingParams:
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
+  repetition_penalty: float = 1.0
   max_tokens: int = 256
   stop_token_ids: tuple[int, ...] = ()
   seed: int | None = 0
@@ -33,6 +39,8 @@ class SamplingParams:
       raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
     if self.top_k < 0:
       raise ValueError(f"top_k: must be >= 0 (0 = off), got {self.top_k}")
+    if not self.repetition_penalty > 0:
+      raise ValueError(f"repetition_penalty: must be > 0 (1 = off), got {self.repetition_penalty}")
     if self.max_tokens < 1:
       raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
 
@@ -43,8 +51,8 @@ class Completion:
 
   token_ids include the stop token when one ended the sequence; logprobs[i]
   is log pi(token_ids[i] | prefix) under the raw model distribution (logits
-  before temperature / top-k / top-p), as the learner computes it and vLLM
-  returns it by default. finish_reason: "stop" (EOS or a stop id) or "length".
+  before repetition penalty / temperature / top-k / top-p), as the learner
+  computes it and vLLM returns it by default (logprobs_mode "raw_logprobs"). finish_reason: "stop" (EOS or a stop id) or "length".
   """
 
   token_ids: tuple[int, ...]

@@ -171,6 +171,7 @@ class VLLMSampler:
     payload = {
         "model": self.model_name, "prompt": [int(t) for t in prompt], "n": sp.n,
         "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k or -1,
+        "repetition_penalty": sp.repetition_penalty,
         "max_tokens": sp.max_tokens, "return_token_ids": True, "skip_special_tokens": True,
         "stop_token_ids": list(sp.stop_token_ids), "ignore_eos": sp.ignore_eos,
     }
