@@ -22,7 +22,7 @@ import sys
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study_utils import mean_se, read_rows, share_sft  # noqa: E402
+from study_utils import mean_se, read_rows, run_arms  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -63,13 +63,7 @@ def main(argv):
     raise app.UsageError(f"--steps: a multiple of 3 (three equal stages), got {FLAGS.steps}")
   root = os.path.abspath(FLAGS.workdir)
   seeds = [int(s) for s in FLAGS.seeds]
-  rows = {arm: {} for arm in ARMS}
-  for seed in seeds:
-    for arm in ARMS:
-      workdir = os.path.join(root, f"seed{seed}", arm)
-      if arm != ARMS[0]:
-        share_sft(os.path.join(root, f"seed{seed}", ARMS[0]), workdir)
-      rows[arm][seed] = _train(workdir, arm, seed)
+  rows = run_arms(root, seeds, ARMS, _train)
 
   import matplotlib
   matplotlib.use("Agg")

@@ -19,6 +19,19 @@ def share_sft(src: str, dst: str) -> None:
     json.dump({"eval_before": before}, f)
 
 
+def run_arms(root: str, seeds, arms, train) -> dict:
+  """rows[arm][seed] = train(workdir, arm, seed) under root/seed<S>/<arm>; every arm of a
+  seed starts from the first arm's SFT warm start (`share_sft`)."""
+  rows = {arm: {} for arm in arms}
+  for seed in seeds:
+    for arm in arms:
+      workdir = os.path.join(root, f"seed{seed}", arm)
+      if arm != arms[0]:
+        share_sft(os.path.join(root, f"seed{seed}", arms[0]), workdir)
+      rows[arm][seed] = train(workdir, arm, seed)
+  return rows
+
+
 def mean_se(xs):
   """(mean, standard error) of the values that are not None; (None, None) for none."""
   xs = [x for x in xs if x is not None]
