@@ -19,6 +19,12 @@ config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config.
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Work dir (default: the config's workdir).")
 flags.DEFINE_bool("print_config", False, "Print the resolved config and exit.")
+flags.DEFINE_bool("verbose", False, "On an error that stops the run, print the whole traceback "
+                  "(default: one line naming what to set).")
+
+# What a run raises for bad settings or data (messages name the field, file or row):
+# one line on stderr, exit 1. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 
 def parse_flags(argv):
@@ -45,8 +51,19 @@ def main(argv):
   if FLAGS.print_config:
     print(cfg)
     return
-  from rlvr import runner
-  summary = runner.run(cfg)
+  from rlvr import loop, runner
+  from rlvr.sampling.assistant import AssistantError
+  from rlvr.sampling.vllm_sampler import SamplerError
+  from rlvr.sampling.vllm_server import ServerStartError
+  try:
+    summary = runner.run(cfg)
+  except (*USER_ERRORS, loop.NoSignalError, AssistantError, SamplerError,
+          ServerStartError) as e:
+    if FLAGS.verbose:
+      raise
+    text = " ".join(str(e).split())
+    sys.stderr.write(f"launch.train: {text} (--verbose for the traceback)\n")
+    sys.exit(1)
   print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=2))
   for k, v in summary.items():   # per-step lists on one line each
     if isinstance(v, list):

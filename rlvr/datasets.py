@@ -61,6 +61,12 @@ def _arithmetic(d, seed: int) -> RunData:
 def _files(d) -> RunData:
   if not d.train_path:
     raise ValueError("data.train_path: required for data.kind='files' (parquet / jsonl / json)")
+  named = [("data.train_path", d.train_path), ("data.sft_path", d.sft_path)]
+  named += [(f"data.extra_train_paths[{i}]", p) for i, p in enumerate(d.extra_train_paths)]
+  named += [(f"data.eval_paths[{i}]", p) for i, p in enumerate(d.eval_paths)]
+  for field, path in named:
+    if path and not os.path.exists(path):
+      raise FileNotFoundError(f"{field}: no such file {path}")
   read = lambda path: list(data_lib.read_dataset(
       path, problem_field=d.problem_field or None, answer_field=d.answer_field or None,
       on_bad_row=d.on_bad_row))

@@ -214,3 +214,24 @@ def test_settings_the_data_kind_ignores_are_errors_naming_both_fields():
   c.data.arithmetic.n_train = 10
   with pytest.raises(ValueError, match=r"data.arithmetic.n_train: set, but data.kind is 'files'"):
     datasets.prepare(c.data, 0)
+
+
+def test_a_missing_data_file_stops_the_run_with_one_line_naming_the_field(tmp_path):
+  """A bad setting ends launch.train with one line naming the field (exit 1), not a
+  traceback; --verbose keeps the traceback."""
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
+         f"--workdir={tmp_path}", "--config.data.kind=files", "--config.sft.steps=0",
+         "--config.data.train_path=/nonexistent/train.jsonl", "--config.data.arithmetic.n_sft=0",
+         "--config.data.arithmetic.n_train=0", "--config.data.arithmetic.n_heldout=0"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() == [
+      "launch.train: data.train_path: no such file /nonexistent/train.jsonl "
+      "(--verbose for the traceback)"], out.stderr
+  out = subprocess.run(cmd + ["--verbose"], cwd=repo, env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode != 0 and "Traceback" in out.stderr
