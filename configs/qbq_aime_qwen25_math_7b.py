@@ -10,8 +10,12 @@ clip 0.2 both sides, no KL, AdamW lr 3e-6 constant, betas (0.9, 0.99),
 grad-norm clip 0.2, bf16, a fresh optimizer every round. Held-out: AIME 2025
 (data/aime2025.jsonl; the paper adds AIME 2026, which we do not have), 16 samples at
 temperature 0.7, top_p 0.8, 3,072 tokens, after every round.
-M0 (LoRA SFT on one teacher solution per pool problem, merged) is its own run:
-  python -m launch.sft ... then pass the merged model as --config.model.path.
+M0 (LoRA r 32 / alpha 64 / dropout 0.05 on all linear layers, 3 epochs, lr 1e-5 cosine,
+warmup 3%, merged) on one teacher solution per pool problem is its own run:
+  python -m launch.sft --model=/path/to/Qwen2.5-Math-7B --data=m0_solutions.jsonl \
+      --lora_rank=32 --lora_alpha=64 --lora_dropout=0.05 --epochs=3 --learning_rate=1e-5 \
+      --warmup_ratio=0.03 --workdir=runs/qbq_m0
+then --config.model.path=runs/qbq_m0/model.
 Ablations: --config.qbq.seed_band=sometimes|mixed; --config.qbq.schedule=shuffled
 --config.qbq.replay_from=runs/qbq_aime_qwen25_math_7b (no curriculum);
 --config.qbq.schedule=static (real plus synthetic).

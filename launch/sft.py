@@ -2,11 +2,15 @@ r"""Supervised fine-tuning on (prompt, completion) pairs, loss on completion tok
 
   python -m launch.sft --model=DIR --data=pairs.jsonl --workdir=workdir/sft --steps=500
   python -m launch.sft --model=DIR --data=arithmetic --steps=400      # procedural task
+  python -m launch.sft --model=DIR --data=m0_solutions.jsonl --lora_rank=32 --epochs=3 \
+      --learning_rate=1e-5 --warmup_ratio=0.03                        # QbQ's M0 (merged)
 
 --data rows need a problem/prompt field and a solution/completion field
 (--problem_field / --completion_field). Uses the learner's sharded update and
 orbax checkpoints (rerun to resume); writes the result as an HF dir workdir/model.
 """
+
+import math
 
 from absl import app, flags, logging
 
@@ -17,7 +21,10 @@ flags.DEFINE_string("workdir", "workdir/sft", "Output directory.")
 flags.DEFINE_string("problem_field", "prompt", "Prompt column (chat-templated).")
 flags.DEFINE_string("completion_field", "completion", "Completion column.")
 flags.DEFINE_string("instruction", "", "Appended to each prompt.")
-flags.DEFINE_integer("steps", 500, "Optimizer steps.")
+flags.DEFINE_integer("steps", 500, "Optimizer steps (unless --epochs).")
+flags.DEFINE_float("epochs", 0.0, "Passes over the pairs instead of --steps (QbQ's M0: 3).")
+flags.DEFINE_float("warmup_ratio", -1.0, "Warmup as a fraction of the steps (QbQ's M0: 0.03); "
+                   "default min(50, steps / 10).")
 flags.DEFINE_integer("batch_size", 32, "Pairs per step.")
 flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate (warmup + cosine).")
 flags.DEFINE_string("mesh", "fsdp=-1", "Mesh axes, e.g. data=2,fsdp=4.")
@@ -42,13 +49,18 @@ def main(argv):
     ds = read_dataset(FLAGS.data, problem_field=FLAGS.problem_field,
                       answer_field=FLAGS.completion_field)
     pairs = [(e.problem, e.answer) for e in ds]
+  steps = FLAGS.steps
+  if FLAGS.epochs > 0:
+    steps = max(1, math.ceil(FLAGS.epochs * len(pairs) / FLAGS.batch_size))
+  warmup = (min(50, steps // 10) if FLAGS.warmup_ratio < 0
+            else math.ceil(FLAGS.warmup_ratio * steps))
   mesh = sharding.make_mesh({k: int(v) for k, v in (p.split("=") for p in FLAGS.mesh.split(","))})
   lc = learner.LearnerConfig(learning_rate=FLAGS.learning_rate, lr_schedule="cosine",
-                             warmup_steps=min(50, FLAGS.steps // 10), total_steps=FLAGS.steps,
+                             warmup_steps=warmup, total_steps=steps,
                              weight_decay=0.0, dual_clip=None,
                              lora=LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, FLAGS.lora_dropout))
   out = train_sft(FLAGS.model, pairs, FLAGS.workdir, learner_cfg=lc, mesh=mesh,
-                  instruction=FLAGS.instruction, steps=FLAGS.steps, batch_size=FLAGS.batch_size,
+                  instruction=FLAGS.instruction, steps=steps, batch_size=FLAGS.batch_size,
                   seed=FLAGS.seed)
   print(f"SFT model written to {out}")
 
