@@ -97,6 +97,24 @@ def test_reset_optimizer_equals_a_fresh_optimizer(one_device_learner, tiny_dirs)
                                 np.asarray(jax.tree.leaves(stepped.params)[0]))
 
 
+def test_model_embeddings_are_mean_pooled_hidden_states_whatever_the_batch(tiny_dirs):
+  import jax.numpy as jnp
+  from transformers import AutoTokenizer
+  from rlvr import model
+  from rlvr.model.embed import embedder
+  from synthesis import diversity
+  cfg, params = model.load_hf(tiny_dirs["qwen2"])
+  tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+  texts = ["Compute 3+4*2.", "Compute 12-5.", "Solve 3+x*2=11 for x."]
+  pooled = embedder(params, cfg, tok, batch=2)(texts)      # padded batches of 2, then 1
+  for text, row in zip(texts, pooled):
+    ids = jnp.asarray([tok.encode(text, add_special_tokens=False)])
+    hidden = model.forward(params, ids, config=cfg, return_hidden=True)[0]
+    np.testing.assert_allclose(row, np.asarray(hidden).mean(axis=0), atol=1e-5)
+  score = diversity.pool_vendi(texts, embedder(params, cfg, tok))
+  assert 1.0 <= score <= 3.0
+
+
 def test_rounds_reset_the_optimizer_only_at_round_starts():
   m = qbq_method.QbQ(qbq_method.QbQConfig(rounds=3, steps_per_round=4), [], "/tmp/x", 0)
   assert [s for s in range(12) if m.resets_optimizer(s)] == [4, 8]
@@ -167,6 +185,14 @@ def test_two_rounds_end_to_end_resume_after_a_kill_between_stages(arithmetic_pol
         open(os.path.join(full, "qbq", "round_01", s)).read(), s
   resumed = _rows(str(cut))
   assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+  # Per-round diversity with the policy's embeddings (README command).
+  out = subprocess.run([sys.executable, "-m", "launch.qbq_diversity", f"--run={full}",
+                        f"--model={policy}"], cwd=REPO, env=_ENV, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.load(open(os.path.join(full, "qbq", "diversity.json")))
+  assert [r["round"] for r in report["rounds"]] == [0, 1]
+  assert all(r["selection_vendi"] >= 1.0 for r in report["rounds"])
   for a, b in zip(rows[2:], resumed[2:]):
     for k in a:
       if not k.startswith(("time_", "tokens_per_s")):
