@@ -55,6 +55,8 @@ def get_config() -> ml_collections.ConfigDict:
       "n_train": 0,                     # answer-only problems for RL
       "n_heldout": 0,                   # fixed held-out split
       "inverse_pairs": False,           # also teach solution -> problem (SvS synthesis)
+      "sft_difficulties": (),           # n_sft more worked solutions at each of these
+                                        # difficulties (RL and eval stay at `difficulty`)
       "depths": (1,),                   # composed problems of these depths (rlvr.tasks.composed,
                                         # Composition-RL); the sizes above are per depth
       "pool_size": 20,                  # surrogate pool per position 1..K-1

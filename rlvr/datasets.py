@@ -54,6 +54,9 @@ def _arithmetic(d, seed: int) -> RunData:
   sft = [(p.problem, p.solution) for p in train[:t.n_sft]]
   if t.inverse_pairs:
     sft += [arithmetic.inverse_pair(p) for p in train[:t.n_sft]]
+  for extra in t.get("sft_difficulties", ()):   # worked solutions of other lengths (QbQ's
+    more, _ = arithmetic.make_splits(t.n_sft, 0, extra, seed, max_operand=t.max_operand)
+    sft += [(p.problem, p.solution) for p in more]   # variants add or drop operations)
   return RunData(sft, arithmetic.to_examples(train[t.n_sft:]),
                  {"heldout": arithmetic.to_examples(heldout)}, arithmetic.answer_of)
 
