@@ -14,6 +14,27 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+
+class _ListParser(flags.ArgumentParser):
+  """List fields (sampler.urls, data.eval_paths, ...) from the command line, which
+  ml_collections does not override itself: `--config.sampler.urls=http://a:8000,http://b:8000`
+  (comma-separated) or a Python literal `'["a", "b"]'`; an empty value is []."""
+
+  def parse(self, argument):
+    if not isinstance(argument, str):
+      return list(argument)
+    text = argument.strip()
+    if text.startswith(("[", "(")):
+      import ast
+      return list(ast.literal_eval(text))
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+  def flag_type(self):
+    return "list"
+
+
+config_flags.register_flag_parser_for_type(list, _ListParser())
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config.",
                                 lock_config=True)

@@ -1,0 +1,394 @@
+"""Every command of the README runs in a test and exits 0, scaled down by flags.
+
+The README's commands are read from the README itself: its ```bash blocks (comments
+dropped, `\\` continuations joined, `&&` chains split) and the `python -m launch.*`
+commands quoted inline in its prose. Each one is
+
+- run here (RUN_HERE: README command prefix -> the test below that runs it), with its
+  placeholders (DIR, FILE, N, URL, OUT.jsonl, pairs.jsonl, ...) replaced by real local
+  things and scale-down flags appended (absl: the last value of a flag wins);
+- run by another test, exactly that command with scale-down flags (COVERED_ELSEWHERE:
+  prefix -> the test file and the text in it that runs the command, checked here);
+- not a command a test can run (NOT_RUN: the installer, the test suite itself);
+- cluster-only (CLUSTER_ONLY, by leading word: srun, gcloud). Those are not run, but the
+  `launch.train` inside each resolves its flags (`--print_config`) and the
+  `launch.serve_vllm` inside parses its flags.
+
+`test_every_readme_command_is_covered` fails on a README command that is none of these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(REPO, "README.md")
+AIME = "data/math_aime_eval.jsonl"   # relative: the commands run from the repo root
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
+
+RUN_HERE = {
+    "python -m launch.train --config=configs/tiny.py --print_config":
+        "test_print_config_prints_the_resolved_config",
+    "python -m launch.make_tiny ": "test_make_tiny_writes_a_model",
+    "python -m launch.sft ": "test_sft_on_pairs_writes_a_model",
+    "python -m launch.evaluate --model=": "test_evaluate_a_model_on_the_shipped_eval_set",
+    "python -m launch.serve_vllm ": "test_serve_vllm_then_compose_against_it",
+    "python -m launch.compose ": "test_serve_vllm_then_compose_against_it",
+    "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make":
+        "test_train_with_the_readme_method_from_outside_the_library",
+    "python -m launch.train --config=configs/tiny_composition.py":
+        "test_composition_curriculum_at_embedded_scale",
+}
+# The README's main command and `evaluate --run`: the embedded default end to end (SFT,
+# eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
+_EMBEDDED = "tests/test_embedded_default.py::test_embedded_default_runs_end_to_end"
+COVERED_ELSEWHERE = {   # prefix -> (where, texts of that test file that run the command)
+    "python -m launch.train --config=configs/tiny.py [--workdir=DIR] [--config.rl.steps=N]":
+        (_EMBEDDED, ('"launch.train", "--config=configs/tiny.py"', 'f"--workdir={workdir}"',
+                     '"--config.rl.steps=3"')),
+    ".venv/bin/python -m launch.train --config=configs/tiny.py":
+        (_EMBEDDED, ('"launch.train", "--config=configs/tiny.py"',)),
+    "python -m launch.evaluate --run=":
+        (_EMBEDDED, ('"launch.evaluate", f"--run={workdir}"',)),
+    # needs a finished QbQ run (an SFT'd policy, two rounds); that run skips the HF export,
+    # so it passes --model: the README's default (<run>/policy) is not what it runs
+    "python -m launch.qbq_diversity --run=":
+        ("tests/test_qbq_loop.py::test_two_rounds_end_to_end_resume_after_a_kill_between_stages",
+         ('"launch.qbq_diversity", f"--run={full}"',)),
+}
+NOT_RUN = {
+    "bash scripts/setup.sh": "the installer: it builds the .venv and .venvs/vllm this suite "
+                             "runs in (needs the package index)",
+    ".venv/bin/python -m pytest": "the test suite itself",
+}
+CLUSTER_ONLY = ("srun", "gcloud")   # SLURM GPU nodes, a TPU pod slice
+
+
+# ------------------------------------------------------------------ reading the README
+def _readme():
+  with open(README) as f:
+    return f.read()
+
+
+def readme_commands() -> list[str]:
+  """Every command of the README's bash blocks, then the inline `python -m launch.*` ones,
+  each on one line with single spaces."""
+  text = _readme()
+  commands = []
+  for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    logical = ""
+    for line in block.splitlines():
+      line = re.sub(r"(^|\s)#.*$", "", line).strip()   # the README quotes no `#`
+      logical += " " + line
+      if logical.endswith("\\"):
+        logical = logical[:-1]
+        continue
+      logical = " ".join(logical.split()).rstrip("&").strip()
+      if logical:
+        commands += ([logical] if logical.split()[0] in CLUSTER_ONLY
+                     else [c.strip() for c in logical.split("&&")])
+      logical = ""
+    assert not logical.strip(), f"README bash block ends inside a command: {logical}"
+  prose = re.sub(r"```.*?```", "", text, flags=re.S)
+  commands += [" ".join(c.split()) for c in re.findall(r"`(python -m launch\.[^`]*)`", prose)]
+  return commands
+
+
+def _classify(command: str):
+  if command.split()[0] in CLUSTER_ONLY:
+    return [("cluster", command.split()[0])]
+  tables = (("here", RUN_HERE), ("elsewhere", COVERED_ELSEWHERE), ("not run", NOT_RUN))
+  return [(kind, prefix) for kind, table in tables for prefix in table
+          if command == prefix.strip() or command.startswith(prefix)]
+
+
+def readme(prefix: str) -> list[str]:
+  """The README commands this file runs under `prefix` (at least one)."""
+  found = [c for c in readme_commands() if c == prefix.strip() or c.startswith(prefix)]
+  assert found, f"no README command starts with {prefix!r}; update RUN_HERE"
+  return found
+
+
+_PLACEHOLDER = re.compile(r"=(DIR|FILE|N|URL|OUT\.jsonl|pairs\.jsonl)$")
+
+
+def argv(command: str, subs: dict[str, str] | None = None, extra=()) -> list[str]:
+  """A README command as the argv run from the repo root: `python` -> this interpreter,
+  optional `[...]` parts dropped, whole tokens replaced by `subs` (each must occur: the
+  README still says what the test assumes), `extra` flags appended."""
+  tokens = shlex.split(re.sub(r"\s\[[^\]]*\]", "", command))
+  assert tokens[:2] == ["python", "-m"], command
+  subs = dict(subs or {})
+  missing = [t for t in subs if t not in tokens]
+  assert not missing, f"README command {command!r} no longer has {missing}"
+  tokens = [subs.get(t, t) for t in tokens[1:]]
+  left = [t for t in tokens if _PLACEHOLDER.search(t)]
+  assert not left, f"placeholders left in {command!r}: {left}"
+  return [sys.executable, *tokens, *map(str, extra)]
+
+
+def run(cmd, timeout=600, env=None):
+  t0 = time.time()
+  out = subprocess.run(cmd, cwd=REPO, env=env or ENV, capture_output=True, text=True,
+                       timeout=timeout)
+  print(f"\n$ {' '.join(cmd[1:])}\n  ({time.time() - t0:.1f}s, exit {out.returncode})")
+  assert out.returncode == 0, f"{cmd}\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+  return out
+
+
+# ------------------------------------------------------------------ the guard
+def test_every_readme_command_is_covered():
+  commands = readme_commands()
+  assert len(commands) >= 15, commands
+  unknown = [c for c in commands if not _classify(c)]
+  ambiguous = [(c, _classify(c)) for c in commands if len(_classify(c)) > 1]
+  assert not unknown, ("README commands that no test runs: run them here (RUN_HERE) or name "
+                       f"the test that does (COVERED_ELSEWHERE): {unknown}")
+  assert not ambiguous, ambiguous
+  # Every table entry still matches a README command, and names a test that exists.
+  for table in (RUN_HERE, COVERED_ELSEWHERE, NOT_RUN):
+    for prefix in table:
+      assert any(c == prefix.strip() or c.startswith(prefix) for c in commands), prefix
+  for name in set(RUN_HERE.values()):
+    assert callable(globals().get(name)), name
+  for where, texts in COVERED_ELSEWHERE.values():
+    path, test = where.split("::")
+    with open(os.path.join(REPO, path)) as f:
+      source = f.read()
+    assert f"def {test}(" in source, where
+    for text in texts:
+      assert text in source, (where, text)
+  kinds = {k for c in commands for k, _ in _classify(c)}
+  assert kinds == {"here", "elsewhere", "not run", "cluster"}, kinds
+  for c in commands:   # the coverage table, with -s
+    [(kind, key)] = _classify(c)
+    where = {"here": RUN_HERE, "elsewhere": COVERED_ELSEWHERE, "not run": NOT_RUN}.get(kind)
+    target = where[key] if where else "cluster-only"
+    print(f"{kind:>9}: {c[:90]}  ->  {target[0] if isinstance(target, tuple) else target}")
+
+
+def _launch_argvs(command: str) -> list[list[str]]:
+  """The `python -m launch.X ...` argvs inside a (cluster) command line, also inside a
+  quoted `--command="..."`."""
+  found, tokens = [], shlex.split(command)
+  for i, tok in enumerate(tokens):
+    if "python -m launch." in tok:   # a quoted inner command line
+      found += _launch_argvs(tok.split("=", 1)[1] if tok.startswith("--") else tok)
+    elif tok.endswith("python") and tokens[i + 1:i + 2] == ["-m"]:
+      rest = tokens[i + 2:]
+      stop = next((j for j, t in enumerate(rest) if t in ("&", "&&", ";", "|")), len(rest))
+      found.append(rest[:stop])
+  return found
+
+
+def test_cluster_commands_resolve_their_flags():
+  """srun / gcloud lines cannot run here; the launch commands inside them take their flags:
+  launch.train resolves its config (--print_config) with every value given, and
+  launch.serve_vllm parses its flags."""
+  cluster = [c for c in readme_commands() if c.split()[0] in CLUSTER_ONLY]
+  assert {c.split()[0] for c in cluster} == set(CLUSTER_ONLY), cluster
+  launched = [a for c in cluster for a in _launch_argvs(c)]
+  assert sorted({a[0] for a in launched}) == ["launch.serve_vllm", "launch.train"], launched
+  for args in launched:
+    if args[0] == "launch.train":
+      out = run([sys.executable, "-m", *args, "--print_config"])
+      for flag in args[1:]:
+        key, value = flag.lstrip("-").split("=", 1)
+        if key != "config":
+          assert value in out.stdout, (flag, out.stdout[-3000:])
+      assert "coordinator: auto" in out.stdout
+    else:
+      code = ("import sys; from launch import serve_vllm as s; s.FLAGS(sys.argv); "
+              "print(s.FLAGS.device, s.FLAGS.host, s.FLAGS.port, bool(s.FLAGS.api_key))")
+      out = run([sys.executable, "-c", code, *args[1:]])
+      assert out.stdout.split() == ["gpu", "0.0.0.0", "8000", "True"], out.stdout
+
+
+# ------------------------------------------------------------------ commands run here
+def test_print_config_prints_the_resolved_config():
+  [command] = readme("python -m launch.train --config=configs/tiny.py --print_config")
+  out = run(argv(command), timeout=300)
+  # tiny.py's own settings over base.py's, one of them from tiny_rlvr.py it extends
+  for line in ("workdir: workdir/tiny", "method: svs", "svs_template: arithmetic",
+               "max_prompt_len: 64", "kind: arithmetic"):
+    assert line in out.stdout, line
+
+
+@pytest.fixture(scope="module")
+def made_tiny(tmp_path_factory):
+  """The README's make_tiny command; its model is the DIR of the commands after it."""
+  [command] = readme("python -m launch.make_tiny ")
+  out_dir = str(tmp_path_factory.mktemp("readme") / "tiny_model")
+  out = run(argv(command, {"--out=DIR": f"--out={out_dir}"}), timeout=300)
+  return out_dir, out.stdout
+
+
+def test_make_tiny_writes_a_model(made_tiny):
+  out_dir, stdout = made_tiny
+  with open(os.path.join(out_dir, "config.json")) as f:
+    assert json.load(f)["model_type"] == "qwen3"
+  assert re.search(r"wrote qwen3 model with [\d,]+ parameters to " + re.escape(out_dir), stdout)
+  for name in ("model.safetensors", "tokenizer.json"):
+    assert os.path.exists(os.path.join(out_dir, name)), name
+
+
+@pytest.mark.slow
+def test_sft_on_pairs_writes_a_model(made_tiny, tmp_path):
+  """Both README sft commands (full fine-tuning; QbQ's M0 with LoRA, inline) on 8 pairs."""
+  commands = readme("python -m launch.sft ")
+  assert len(commands) == 2, commands
+  pairs = tmp_path / "pairs.jsonl"
+  with open(pairs, "w") as f:   # launch.sft's default fields: prompt, completion
+    for a in range(8):
+      f.write(json.dumps({"prompt": f"Compute {a}+{a + 1}.",
+                          "completion": f"{a}+{a + 1}={2 * a + 1}. \\boxed{{{2 * a + 1}}}"})
+              + "\n")
+  from transformers import AutoConfig
+  for i, command in enumerate(commands):
+    data = next(t for t in shlex.split(command) if t.startswith("--data="))
+    workdir = tmp_path / f"sft{i}"
+    out = run(argv(command, {"--model=DIR": f"--model={made_tiny[0]}", data: f"--data={pairs}"},
+                   ["--steps=3", "--batch_size=4", f"--workdir={workdir}"]))
+    assert f"SFT model written to {workdir / 'model'}" in out.stdout
+    rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    # --epochs (M0's 3 passes over 8 pairs in batches of 4) takes over from --steps
+    steps = 6 if "--epochs=3" in command else 3
+    assert [r["step"] for r in rows] == list(range(steps)) and all(r["nll"] > 0 for r in rows)
+    assert AutoConfig.from_pretrained(workdir / "model").model_type == "qwen3"
+    assert (workdir / "model" / "model.safetensors").exists()
+
+
+def test_evaluate_a_model_on_the_shipped_eval_set(made_tiny, tmp_path):
+  [command] = readme("python -m launch.evaluate --model=")
+  out = run(argv(command, {"--model=DIR": f"--model={made_tiny[0]}"},
+                 ["--limit=2", "--max_tokens=8", "--reward_workers=1",
+                  f"--workdir={tmp_path}"]))
+  report = json.loads((tmp_path / "eval.json").read_text())["math_aime_eval"]
+  assert (report["problems"], report["n"], report["seeds"]) == (2, 8, [0, 1, 2])
+  assert all(0.0 <= m <= 1.0 for m in report["pass@k"]["8"])
+  assert "| math_aime_eval |" in out.stdout
+  assert (tmp_path / "pass_at_k.png").exists()
+
+
+def _get_json(url, timeout=10):
+  with urllib.request.urlopen(url, timeout=timeout) as r:
+    return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_serve_vllm_then_compose_against_it(made_tiny, tmp_path):
+  """launch.serve_vllm on the make_tiny model (a free port for 8000), up until it prints
+  its URL; both README compose commands against it (the tiny model's output is rejected,
+  and counted); then SIGTERM stops it cleanly (exit 0). A second server besides the
+  session fixture's: launch.serve_vllm's own flags, readiness line and signal handling are
+  what this checks, which `rlvr.sampling.vllm_server.start_server` alone does not."""
+  from rlvr.sampling.vllm_server import free_port
+  [serve] = readme("python -m launch.serve_vllm ")
+  log = tmp_path / "serve.log"
+  cmd = argv(serve, {"--model=DIR": f"--model={made_tiny[0]}",
+                     "--port=8000": f"--port={free_port()}"})
+  t0 = time.time()
+  with open(log, "w") as f:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+  try:
+    ready = None
+    while ready is None and proc.poll() is None and time.time() - t0 < 600:
+      ready = re.search(r"vLLM serving .* at (http://\S+) ", log.read_text())
+      time.sleep(0.5)
+    assert ready, f"not up (exit {proc.poll()}):\n{log.read_text()[-4000:]}"
+    url = ready.group(1)
+    print(f"\nlaunch.serve_vllm up at {url} after {time.time() - t0:.1f}s")
+    assert [m["id"] for m in _get_json(url + "/v1/models")["data"]] == ["policy"]
+
+    # The Composition-RL section's command reads a parquet file: 30 rows of the shipped set.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = [json.loads(l) for l in open(os.path.join(REPO, AIME))][:30]
+    parquet = tmp_path / "math12k.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    subs = {"--source=FILE": f"--source={AIME}", "--source=math12k.parquet":
+            f"--source={parquet}", "--n=N": "--n=2", "--n=1000": "--n=2",
+            "--out=OUT.jsonl": f"--out={tmp_path / 'out.jsonl'}",
+            "--out=d2.jsonl": f"--out={tmp_path / 'd2.jsonl'}", "--url=URL": f"--url={url}",
+            "--url=http://localhost:8000": f"--url={url}",
+            "--model=Qwen2.5-32B-Instruct": "--model=policy"}   # the served name
+    composes = readme("python -m launch.compose ")
+    assert len(composes) == 2, composes
+    for command in composes:
+      cmd = argv(command, {k: v for k, v in subs.items() if k in shlex.split(command)},
+                 ["--max_tokens=48", "--concurrency=2"])
+      out = run(cmd)
+      target = next(t.split("=", 1)[1] for t in cmd if t.startswith("--out="))
+      with open(target + ".report.json") as f:
+        report = json.load(f)
+      assert (report["planned"], report["finished"]) == (2, 2), report
+      assert report["this_run"]["requests"] >= 2 and "error" not in report["this_run"]
+      assert "composed 2 of 2 planned" in out.stdout
+  finally:
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGTERM)
+      try:
+        proc.wait(120)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+  assert proc.returncode == 0, log.read_text()[-4000:]
+  assert "vLLM server stopped" in log.read_text()
+  with pytest.raises((urllib.error.URLError, OSError)):
+    _get_json(url + "/health", timeout=2)
+
+
+def _small_run(*flags):
+  """Flags that scale an arithmetic-task config down to a seconds-long run."""
+  return ["--config.sft.steps=0", "--config.data.arithmetic.n_sft=4",
+          "--config.data.arithmetic.n_train=16", "--config.data.arithmetic.n_heldout=4",
+          "--config.eval.sampling.n=2", "--config.rl.loop.prompts_per_step=4",
+          "--config.rl.loop.dynamic_sampling=False", "--config.rl.loop.max_response_len=16",
+          "--config.eval.sampling.max_tokens=16", "--config.export_hf=False",
+          "--config.reward_workers=1", *flags]
+
+
+@pytest.mark.slow
+def test_train_with_the_readme_method_from_outside_the_library(tmp_path):
+  """The README's my_methods.py block, saved as printed and put on PYTHONPATH."""
+  [command] = readme("python -m launch.train --config=configs/tiny_rlvr.py "
+                     "--config.method=my_methods:make")
+  [block] = [b for b in re.findall(r"```python\n(.*?)```", _readme(), re.S)
+             if b.startswith("# my_methods.py")]
+  (tmp_path / "my_methods.py").write_text(block)
+  workdir = tmp_path / "run"
+  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+  run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]),
+      env=env)
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert (summary["method"], summary["steps"]) == ("twice", 1)
+  [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert row["twice_groups"] == row["groups_kept"] == 4
+
+
+@pytest.mark.slow
+def test_composition_curriculum_at_embedded_scale(tmp_path):
+  """Inline in the Composition-RL section; one step per depth stage."""
+  [command] = readme("python -m launch.train --config=configs/tiny_composition.py")
+  workdir = tmp_path / "run"
+  run(argv(command, extra=[f"--workdir={workdir}", *_small_run(
+      "--config.rl.steps=2", "--config.composition.max_steps=1")]))
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["method"] == "composition" and summary["depth_per_step"] == [1, 2]
+  for phase in ("eval_before_rl", "eval_after_rl"):
+    assert sorted(summary[phase]) == ["heldout_d1", "heldout_d2", "heldout_d3"]
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["depth"] for r in rows] == [1, 2]
+  assert (workdir / "composition.png").exists()
