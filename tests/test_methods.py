@@ -164,7 +164,7 @@ def test_composition_trains_depth_by_depth_and_resumes_at_the_same_depth(tiny_di
 def test_unknown_method_names_the_known_ones():
   import ml_collections
   cfg = ml_collections.ConfigDict({"method": "grpo++", "seed": 0})
-  with pytest.raises(ValueError, match=r"method: unknown 'grpo\+\+'; known: \['composition', 'rlvr', 'svs'\]"):
+  with pytest.raises(ValueError, match=r"method: unknown 'grpo\+\+'; known: \['composition', 'qbq', 'rlvr', 'svs'\]"):
     methods.make(cfg, _prompts(4, 3))
   cfg.method = "no_such_module:make"
   with pytest.raises(ValueError, match="cannot load 'no_such_module:make'"):
