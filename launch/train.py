@@ -9,6 +9,7 @@ or SIGTERM stops after the current step with a checkpoint saved.
 """
 
 import json
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -76,8 +77,23 @@ def main(argv):
   from rlvr.sampling.assistant import AssistantError
   from rlvr.sampling.vllm_sampler import SamplerError
   from rlvr.sampling.vllm_server import ServerStartError
+  # Outside the SFT / RL loops (which stop after a whole step and save, `rlvr.interrupt`),
+  # SIGTERM interrupts like Ctrl-C: set-up or an evaluation in progress is abandoned
+  # (nothing half-written: results and checkpoints are written whole) and reported below.
+  def _interrupt(signum, frame):
+    del frame
+    raise KeyboardInterrupt(signum)
+  signal.signal(signal.SIGTERM, _interrupt)
   try:
     summary = runner.run(cfg)
+  except KeyboardInterrupt as e:
+    if FLAGS.verbose:
+      raise
+    signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+    sys.stderr.write(f"\nstopped by {signal.Signals(signum).name} outside a training step; the "
+                     f"finished phases are kept under {cfg.workdir}; rerun the same command "
+                     "to resume\n")
+    sys.exit(128 + signum)
   except (*USER_ERRORS, loop.NoSignalError, AssistantError, SamplerError,
           ServerStartError) as e:
     if FLAGS.verbose:

@@ -44,7 +44,7 @@ class GracefulStop:
   def _handle(self, signum, frame):
     del frame
     if self.signum is not None:   # a second signal: stop now
-      raise KeyboardInterrupt
+      raise KeyboardInterrupt(signum)
     self.signum = signum
     print(f"\n{signal.Signals(signum).name}: finishing this {self.phase} step, then saving a "
           "checkpoint (signal again to stop at once)", file=sys.stderr, flush=True)

@@ -192,3 +192,30 @@ def test_method_from_outside_the_library_stops_on_sigterm_and_resumes_with_its_s
   summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
   assert summary["method"] == "counting" and summary["counting_total_calls"] == 4
   assert (tmp_path / "cut" / "counting.png").exists()
+
+
+def test_sigterm_during_evaluation_stops_with_one_line(tmp_path):
+  """Outside a training step (here: the evaluation before RL), SIGTERM abandons the phase
+  and says so in one line, exit 128 + 15, no traceback."""
+  import threading
+  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
+         f"--workdir={tmp_path}", "--config.sft.steps=0", "--config.data.arithmetic.n_sft=0",
+         "--config.data.arithmetic.n_heldout=256", "--config.eval.sampling.n=4",
+         "--config.eval.sampling.batch_prompts=16"]
+  proc = subprocess.Popen(cmd, cwd=REPO, env=_ENV, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+  err = bytearray()
+  reader = threading.Thread(target=lambda: [err.extend(c) for c in iter(
+      lambda: proc.stderr.read(1), b"")], daemon=True)
+  reader.start()
+  deadline = time.time() + 600
+  while b"eval seed" not in err and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  proc.wait(timeout=120)
+  reader.join(timeout=10)
+  text = err.decode(errors="replace")
+  assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
+  assert "stopped by SIGTERM outside a training step" in text and "rerun the same command" in text
+  assert "Traceback" not in text
+  assert not (tmp_path / "eval_before_rl").exists()   # nothing half-written
