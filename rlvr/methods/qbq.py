@@ -217,10 +217,14 @@ class QbQ:
                         max_tokens=c.teacher_max_tokens, seed=loop.step_seed(self.seed, t, 99))
     return lambda prompts: [g[0].text for g in env.complete(prompts, sp)]
 
+  def _pool_variants(self) -> list[qbq.Variant]:
+    """The training pool as lineage roots "pool-<i>"."""
+    return [qbq.Variant(f"pool-{i}", "", "", p.text, p.answer) for i, p in enumerate(self.train)]
+
   def _pool_seeds(self, env: StepEnv) -> list[qbq.Variant]:
     """S_0: the band of pi_0 over the training pool, `initial_seeds` drawn in a seeded order."""
-    pool = [qbq.Variant(f"pool-{i}", "", "", p.text, p.answer) for i, p in enumerate(self.train)]
-    scored = self._stage(0, "pool_scores.jsonl", lambda: self._counts(env, pool, 0, 1))
+    scored = self._stage(0, "pool_scores.jsonl",
+                         lambda: self._counts(env, self._pool_variants(), 0, 1))
     band = [_as_variant(r) for r in scored
             if r["n"] is not None and qbq.in_band(r["n"], self.cfg.k, self.cfg.seed_band)]
     order = np.random.default_rng((self.seed, 0, 5)).permutation(len(band))
@@ -283,8 +287,7 @@ class QbQ:
 
   def _static_pool(self, env: StepEnv) -> PromptPool:
     """static: originals plus variants of every pool problem, made once by the teacher."""
-    seeds = [qbq.Variant(f"pool-{i}", "", "", p.text, p.answer) for i, p in enumerate(self.train)]
-    made = self._stage(0, "variants.jsonl", lambda: self._teach(env, seeds, 0))
+    made = self._stage(0, "variants.jsonl", lambda: self._teach(env, self._pool_variants(), 0))
     extra = [env.prompt(r["problem"], str(r["answer"]), "qbq-static")
              for r in made if r["reason"] == "accepted"]
     self.round_metrics = {"qbq_accepted": len(extra)}
