@@ -252,3 +252,29 @@ def test_save_hf_rejects_params_of_another_config(tiny_dirs, tmp_path):
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   with pytest.raises(model.CheckpointError, match="layers/mlp/gate_kernel"):
     model.save_hf(str(tmp_path / "x"), dataclasses.replace(cfg, intermediate_size=64), params)
+
+
+@pytest.mark.parametrize("shape", [(64, 48, 80), (30, 17, 9)])
+def test_low_precision_matmul_and_grads_match_float64(shape):
+  """bf16 on CPU goes through `decoder._lowp_matmul` (f32 accumulation, backward dots
+  re-laid out, x^T kept as the residual): values and both gradients equal the float64
+  products of the same bf16 inputs to bf16 rounding, and the f32 path is untouched."""
+  from rlvr.model import decoder
+  n, d, f = shape
+  rng = np.random.RandomState(0)
+  x = jnp.asarray(rng.randn(2, n // 2 if n % 2 == 0 else n, d), jnp.bfloat16)
+  w = jnp.asarray(rng.randn(d, f) / np.sqrt(d), jnp.bfloat16)
+  g = jnp.asarray(rng.randn(*x.shape[:-1], f), jnp.bfloat16)
+  y, vjp = jax.vjp(decoder.dense, x, w)
+  dx, dw = vjp(g)
+  assert y.dtype == dx.dtype == dw.dtype == jnp.bfloat16
+  x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
+  x2, g2 = x64.reshape(-1, d), g64.reshape(-1, f)
+  for got, want in ((y, x64 @ w64), (dx, g64 @ w64.T), (dw, x2.T @ g2)):
+    want = want.reshape(got.shape)
+    # One bf16 rounding of the f32 sum: relative 2^-8 of the magnitude.
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0,
+                               atol=2.0 ** -8 * np.abs(want).max())
+  # The same call in f32 is a plain matmul, bit for bit.
+  x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
+  np.testing.assert_array_equal(decoder.dense(x32, w32), (x32.reshape(-1, d) @ w32).reshape(y.shape))
