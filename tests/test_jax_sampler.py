@@ -241,3 +241,15 @@ def test_repetition_penalty_greedy_matches_reference_and_keeps_raw_logprobs(setu
     for c in group:
       np.testing.assert_allclose(c.logprobs, _model_logprobs(params, cfg, prompt, c.token_ids),
                                  atol=1e-5, rtol=0)
+
+
+def test_row_keys_are_the_per_request_keys():
+  """The vectorised key derivation gives every row fold_in(PRNGKey(seed + prompt), sample),
+  as the per-row loop it replaced did (seeds up to the top of step_seed's range)."""
+  from rlvr.sampling.jax_sampler import _row_keys
+  for base in (0, 7, 2 ** 31 - 3):
+    pi, si = np.repeat(np.arange(5), 3), np.tile(np.arange(3), 5)
+    got = np.asarray(_row_keys((base + pi).astype(np.uint32), si.astype(np.uint32)))
+    want = np.stack([np.asarray(jax.random.fold_in(jax.random.PRNGKey(base + int(a)), int(b)))
+                     for a, b in zip(pi, si)])
+    np.testing.assert_array_equal(got, want)

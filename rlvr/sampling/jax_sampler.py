@@ -33,6 +33,12 @@ def _bucket(n: int, minimum: int) -> int:
   return max(minimum, 1 << (max(n, 1) - 1).bit_length())
 
 
+@jax.jit
+def _row_keys(seeds_r: jax.Array, samples_r: jax.Array) -> jax.Array:
+  """[R, 2] raw keys: sample j of the prompt with seed s draws from fold_in(PRNGKey(s), j)."""
+  return jax.vmap(lambda s, j: jax.random.fold_in(jax.random.PRNGKey(s), j))(seeds_r, samples_r)
+
+
 @flax.struct.dataclass
 class _RowSettings:
   temperature: jax.Array   # [R] f32; 0 = greedy
@@ -205,8 +211,8 @@ class JaxSampler:
     prompt_idx = np.repeat(np.arange(len(prompt_token_ids)), n)
     sample_idx = np.tile(np.arange(n), len(prompt_token_ids))
     keys = np.zeros((r_bucket, 2), np.uint32)
-    for i, (pi, si) in enumerate(zip(prompt_idx, sample_idx)):
-      keys[i] = np.asarray(jax.random.fold_in(jax.random.PRNGKey(base + int(pi)), int(si)))
+    keys[:len(rows)] = _row_keys((base + prompt_idx).astype(np.uint32),
+                                 sample_idx.astype(np.uint32))
     stops = set(params.stop_token_ids)
     if not params.ignore_eos and self.eos_token_id is not None:
       stops.add(int(self.eos_token_id))
