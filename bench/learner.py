@@ -34,15 +34,18 @@ flags.DEFINE_list("seqs", [], "T-scaling: run each of these row lengths with --t
 flags.DEFINE_integer("tokens", 4096, "Tokens per step for --seqs.")
 
 def matmul_peak(dtype) -> float:
-  """Best FLOP/s of jitted square matmuls over several sizes and repeats, random inputs:
-  an upper bound for what the step's matmuls can reach in this process, right now."""
+  """Best FLOP/s of jitted square matmuls over several sizes and repeats, random inputs,
+  f32 accumulation: an upper bound for what the step's matmuls can reach in this process,
+  right now."""
   import jax
   import jax.numpy as jnp
   sizes = (512, 1024, 2048, 3072) if jax.default_backend() == "cpu" else (4096, 8192, 16384)
   best = 0.0
   for n in sizes:
     a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
-    f = jax.jit(lambda x, y: x @ y)
+    # f32 accumulation: in bf16 it is XLA's fast CPU kernel (AMX / AVX512-BF16, what the
+    # learner's matmuls use); a bf16-output dot runs ~4x slower and would understate the peak.
+    f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
     f(a, b).block_until_ready()
     for _ in range(10):
       t = time.perf_counter()

@@ -112,12 +112,21 @@ def _sample(logits_rv, s: _RowSettings, step, filtered: bool, seen_rv=None):
   return tok, jnp.take_along_axis(raw_logp, tok[:, None], axis=-1)[:, 0]
 
 
-def _generate(params, prompts_rp, prompt_seg_rp, settings: _RowSettings, *, config: ModelConfig,
-              max_new_bucket: int, filtered: bool, penalized: bool):
-  r, p = prompts_rp.shape
-  cache = decoder.KVCache.empty(config, r, p + max_new_bucket, jax.tree.leaves(params)[0].dtype)
-  logits, cache = decoder.forward(params, prompts_rp, config=config, segment_ids=prompt_seg_rp,
+def _generate(params, prompts_up, prompt_seg_up, row_prompt_r, settings: _RowSettings, *,
+              config: ModelConfig, max_new_bucket: int, filtered: bool, penalized: bool):
+  """Prefill each distinct prompt once ([U, p]), then give row r the cache and last logits
+  of its prompt `row_prompt_r[r]`: the n samples of a prompt share one prefill (vLLM's
+  prefix cache does the same), and rows are independent, so values are unchanged."""
+  u, p = prompts_up.shape
+  cache = decoder.KVCache.empty(config, u, p + max_new_bucket, jax.tree.leaves(params)[0].dtype)
+  logits, cache = decoder.forward(params, prompts_up, config=config, segment_ids=prompt_seg_up,
                                   cache=cache)
+  rows = lambda x, axis: jnp.take(x, row_prompt_r, axis=axis)
+  cache = cache.replace(k=rows(cache.k, 1), v=rows(cache.v, 1),
+                        segment_bs=rows(cache.segment_bs, 0))
+  logits = rows(logits, 0)
+  prompts_rp, prompt_seg_rp = rows(prompts_up, 0), rows(prompt_seg_up, 0)
+  r = prompts_rp.shape[0]
   seen = None   # no penalty: nothing extra in the loop
   if penalized:
     seen = prompt_seen_mask(prompts_rp, prompt_seg_rp > 0, logits.shape[-1])
@@ -201,14 +210,17 @@ class JaxSampler:
     if p_bucket + new_bucket > ctx:   # near the context limit: tighter, non-power-of-two shapes
       new_bucket = max(params.max_tokens, min(new_bucket, ctx - longest))
       p_bucket = min(p_bucket, ctx - new_bucket)
-    tokens = np.full((r_bucket, p_bucket), self.pad_token_id, np.int32)
-    seg = np.zeros((r_bucket, p_bucket), np.int32)
-    for i, p in enumerate(rows):  # left padding: the last column is every row's last token
+    u_bucket = _bucket(len(prompt_token_ids), min_rows)
+    tokens = np.full((u_bucket, p_bucket), self.pad_token_id, np.int32)
+    seg = np.zeros((u_bucket, p_bucket), np.int32)
+    for i, p in enumerate(prompt_token_ids):  # left padding: the last column is the last token
       tokens[i, p_bucket - len(p):] = p
       seg[i, p_bucket - len(p):] = 1
-    seg[len(rows):, -1] = 1  # filler rows: one real token keeps them NaN-free
+    seg[len(prompt_token_ids):, -1] = 1  # filler prompts: one real token keeps them NaN-free
     base = 0 if params.seed is None else params.seed
     prompt_idx = np.repeat(np.arange(len(prompt_token_ids)), n)
+    row_prompt = np.zeros((r_bucket,), np.int32)   # filler rows read prompt 0; never live
+    row_prompt[:len(rows)] = prompt_idx
     sample_idx = np.tile(np.arange(n), len(prompt_token_ids))
     keys = np.zeros((r_bucket, 2), np.uint32)
     keys[:len(rows)] = _row_keys((base + prompt_idx).astype(np.uint32),
@@ -228,7 +240,8 @@ class JaxSampler:
     with self._lock:
       weights, version = self._params, self.version
       out_tok, out_lp, lengths, done = self._fn(
-          weights, self._place(tokens), self._place(seg), jax.tree.map(self._place, settings),
+          weights, self._place(tokens), self._place(seg), self._place(row_prompt),
+          jax.tree.map(self._place, settings),
           max_new_bucket=new_bucket, filtered=params.top_k > 0 or params.top_p < 1.0,
           penalized=params.repetition_penalty != 1.0)
     out_tok, out_lp, lengths, done = (sharding.to_host(x) for x in (out_tok, out_lp, lengths, done))
