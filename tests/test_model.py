@@ -262,7 +262,7 @@ def test_low_precision_matmul_and_grads_match_float64(shape):
   from rlvr.model import decoder
   n, d, f = shape
   rng = np.random.RandomState(0)
-  x = jnp.asarray(rng.randn(2, n // 2 if n % 2 == 0 else n, d), jnp.bfloat16)
+  x = jnp.asarray(rng.randn(2, n // 2, d), jnp.bfloat16)   # n rows in two batches
   w = jnp.asarray(rng.randn(d, f) / np.sqrt(d), jnp.bfloat16)
   g = jnp.asarray(rng.randn(*x.shape[:-1], f), jnp.bfloat16)
   y, vjp = jax.vjp(decoder.dense, x, w)
