@@ -41,8 +41,19 @@ def masked_sum(x, mask, axis=None):
   return jnp.sum(jnp.where(mask, x, 0.0), axis=axis)
 
 
+def _per_sequence(x_bt: jax.Array, sequences_bt: jax.Array | None) -> jax.Array:
+  """Sums of x over each sequence: [B] per row, or with packed rows (`sequences_bt`, the
+  sequence id of each token within its row) [B * T] per (row, id), most of them empty."""
+  if sequences_bt is None:
+    return jnp.sum(x_bt, axis=-1)
+  b, t = x_bt.shape
+  ids = jnp.arange(b)[:, None] * t + sequences_bt
+  return jax.ops.segment_sum(x_bt.ravel(), ids.ravel(), num_segments=b * t)
+
+
 def aggregate(per_token_bt: jax.Array, mask_bt: jax.Array, aggregation: str,
-              normalizer: jax.Array | float | None = None) -> jax.Array:
+              normalizer: jax.Array | float | None = None,
+              sequences_bt: jax.Array | None = None) -> jax.Array:
   r"""Reduces per-token terms to a scalar loss.
 
   token-mean:           sum_{b,t} l_bt m_bt / N_tok          (DAPO)
@@ -52,14 +63,16 @@ def aggregate(per_token_bt: jax.Array, mask_bt: jax.Array, aggregation: str,
   N_tok / N_seq default to this call's token / non-empty-sequence counts;
   pass `normalizer` (the WHOLE batch's count) when this call sees one
   micro-batch, so the summed micro-batch losses equal the full-batch loss.
+  Packed rows hold several sequences: pass their ids (`sequences_bt`) and a
+  sequence is a (row, id) pair instead of a row.
   """
   mask = mask_bt.astype(bool)
   if aggregation == "token-mean":
     total = masked_sum(per_token_bt, mask)
     n = jnp.sum(mask) if normalizer is None else normalizer
   elif aggregation in ("seq-mean-token-mean", "seq-mean-token-sum"):
-    per_seq = masked_sum(per_token_bt, mask, axis=-1)
-    lengths = jnp.sum(mask, axis=-1)
+    per_seq = _per_sequence(jnp.where(mask, per_token_bt, 0.0), sequences_bt)
+    lengths = _per_sequence(mask.astype(jnp.float32), sequences_bt)
     if aggregation == "seq-mean-token-mean":
       per_seq = per_seq / jnp.maximum(lengths, 1)
     total = jnp.sum(per_seq)
@@ -69,24 +82,27 @@ def aggregate(per_token_bt: jax.Array, mask_bt: jax.Array, aggregation: str,
   return total / jnp.maximum(n, 1)
 
 
-def loss_normalizer(mask_bt: jax.Array, aggregation: str) -> jax.Array:
+def loss_normalizer(mask_bt: jax.Array, aggregation: str,
+                    sequences_bt: jax.Array | None = None) -> jax.Array:
   """The N of `aggregate` for a whole batch: token count or non-empty sequence count."""
   mask = mask_bt.astype(bool)
   if aggregation == "token-mean":
     return jnp.sum(mask).astype(jnp.float32)
-  return jnp.sum(jnp.any(mask, axis=-1)).astype(jnp.float32)
+  return jnp.sum(_per_sequence(mask.astype(jnp.float32), sequences_bt) > 0).astype(jnp.float32)
 
 
 def clipped_surrogate(logp_bt, old_logp_bt, adv_b, eps_low: float, eps_high: float,
                       dual_clip: float | None = None):
   r"""Per-token PPO/GRPO loss with clip-higher and optional dual-clip.
 
+  adv_b: one advantage per row [B], or per token [B, T] (packed rows).
+
   k_t = exp(logp_t - old_logp_t)
   l_t = -min(k_t A, clip(k_t, 1 - eps_low, 1 + eps_high) A)
   dual-clip (A < 0):  l_t = min(l_t, -c A)
   Returns (l_bt, ratio_bt).
   """
-  adv = adv_b[:, None].astype(jnp.float32)
+  adv = (adv_b if adv_b.ndim == 2 else adv_b[:, None]).astype(jnp.float32)
   ratio = jnp.exp(logp_bt.astype(jnp.float32) - old_logp_bt.astype(jnp.float32))
   loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
   if dual_clip is not None:
@@ -97,9 +113,11 @@ def clipped_surrogate(logp_bt, old_logp_bt, adv_b, eps_low: float, eps_high: flo
 def policy_loss(logp_bt, old_logp_bt, adv, mask_bt, eps_low: float = 0.2,
                 eps_high: float = 0.28, dual_clip: float | None = None,
                 aggregation: str = "token-mean", normalizer=None,
-                is_weight_bt: jax.Array | None = None) -> tuple[jax.Array, dict[str, Any]]:
+                is_weight_bt: jax.Array | None = None,
+                sequences_bt: jax.Array | None = None) -> tuple[jax.Array, dict[str, Any]]:
   r"""Clipped surrogate (see `clipped_surrogate`), optionally importance-weighted
-  per token (`is_weight_bt`, no gradient), reduced by `aggregate`.
+  per token (`is_weight_bt`, no gradient), reduced by `aggregate` (`sequences_bt`:
+  packed rows' sequence ids).
 
   aux: clip_frac_low (k < 1-eps_low with A < 0), clip_frac_high (k > 1+eps_high
   with A > 0), dual_clip_frac, ratio_mean / ratio_max / ratio_min, over masked tokens.
@@ -107,10 +125,10 @@ def policy_loss(logp_bt, old_logp_bt, adv, mask_bt, eps_low: float = 0.2,
   per_token, ratio = clipped_surrogate(logp_bt, old_logp_bt, adv, eps_low, eps_high, dual_clip)
   if is_weight_bt is not None:
     per_token = per_token * jax.lax.stop_gradient(is_weight_bt)
-  loss = aggregate(per_token, mask_bt, aggregation, normalizer)
+  loss = aggregate(per_token, mask_bt, aggregation, normalizer, sequences_bt)
   mask = mask_bt.astype(bool)
   n = jnp.maximum(jnp.sum(mask), 1)
-  a = adv[:, None]
+  a = adv if adv.ndim == 2 else adv[:, None]
   frac = lambda cond: masked_sum(cond.astype(jnp.float32), mask) / n
   aux = {
       "clip_frac_low": frac((ratio < 1.0 - eps_low) & (a < 0)),

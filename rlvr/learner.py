@@ -100,39 +100,82 @@ class TrainBatch:
   `*_bt` fields are target-aligned (see `rlvr.grpo`). old_logp_bt None means
   on-policy: the old policy is the current one (ratio 1, gradient flows).
   sampler_logp_bt: the sampler's logprobs, for mismatch metrics and TIS.
+  A packed batch (`pack_rows(..., bins=...)`: several sequences per row) has
+  segment ids 1, 2, ... within a row, RoPE positions that restart with each
+  sequence, and per-token advantages and truncation flags ([B, T] instead of [B]).
   """
 
   tokens_bt: jax.Array
-  segment_bt: jax.Array          # 1 on real tokens, 0 on padding
+  segment_bt: jax.Array          # sequence id within the row (1, 2, ...), 0 on padding
   loss_mask_bt: jax.Array        # 1 on completion tokens in the loss
-  advantages_b: jax.Array
+  advantages_b: jax.Array        # [B], or [B, T] in a packed batch
   old_logp_bt: jax.Array | None = None
   sampler_logp_bt: jax.Array | None = None
-  truncated_b: jax.Array | None = None
+  truncated_b: jax.Array | None = None  # [B], or [B, T] in a packed batch
+  positions_bt: jax.Array | None = None  # packed batches; None: counted from segment_bt
+
+  @property
+  def packed(self) -> bool:
+    return self.positions_bt is not None
 
 
-def pack_rows(rows, n_rows: int, seq_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+def first_fit(lengths, capacity: int) -> list[list[int]]:
+  """Sequence indices per row, packing `lengths` into rows of `capacity` tokens by
+  first-fit decreasing (longest first, ties by index, so every process gets the same
+  rows). A sequence longer than a row gets one to itself (and loses its tail)."""
+  rows, free = [], []
+  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    n = min(lengths[i], capacity)
+    for r, room in enumerate(free):
+      if room >= n:
+        rows[r].append(i)
+        free[r] -= n
+        break
+    else:
+      rows.append([i])
+      free.append(capacity - n)
+  return rows
+
+
+def pack_rows(rows, n_rows: int, seq_len: int, pad_id: int = 0,
+              bins: list[list[int]] | None = None) -> dict[str, np.ndarray]:
   """(prompt ids, completion ids, completion logprobs or None) rows -> right-padded arrays.
 
   The layout every update sees (RL buffers and SFT alike): prompt, then the
   completion (the only tokens in the loss), then padding; rows past the given
   ones are all padding. A row longer than seq_len loses its tail.
+  bins (e.g. `first_fit`): the input sequences each array row holds, side by side
+  as segments 1, 2, ...; the arrays then add `positions_bt` (restarting at 0 with
+  each sequence) and `sequence_bt` (the input index of each token, -1 on padding).
   """
+  packed = bins is not None
+  bins = [[i] for i in range(len(rows))] if bins is None else bins
+  if len(bins) > n_rows:
+    raise ValueError(f"pack_rows: {len(bins)} rows do not fit n_rows={n_rows}")
   tokens = np.full((n_rows, seq_len), pad_id, np.int32)
   seg = np.zeros((n_rows, seq_len), np.int32)
   mask = np.zeros((n_rows, seq_len), np.float32)
   sampler_logp = np.zeros((n_rows, seq_len), np.float32)
-  if len(rows) > n_rows:
-    raise ValueError(f"pack_rows: {len(rows)} rows do not fit n_rows={n_rows}")
-  for r, (prompt, completion, logprobs) in enumerate(rows):
-    ids = (list(prompt) + list(completion))[:seq_len]
-    p, n = len(prompt), len(ids)
-    tokens[r, :n] = ids
-    seg[r, :n] = 1
-    mask[r, p:n] = 1
-    if logprobs is not None and n > p:
-      sampler_logp[r, p:n] = logprobs[:n - p]
-  return dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask, sampler_logp_bt=sampler_logp)
+  positions = np.zeros((n_rows, seq_len), np.int32)
+  sequence = np.full((n_rows, seq_len), -1, np.int32)
+  for r, members in enumerate(bins):
+    start = 0
+    for s, i in enumerate(members, 1):
+      prompt, completion, logprobs = rows[i]
+      ids = (list(prompt) + list(completion))[:seq_len - start]
+      p, end = start + len(prompt), start + len(ids)
+      tokens[r, start:end] = ids
+      seg[r, start:end] = s
+      mask[r, p:end] = 1
+      positions[r, start:end] = np.arange(end - start)
+      sequence[r, start:end] = i
+      if logprobs is not None and end > p:
+        sampler_logp[r, p:end] = logprobs[:end - p]
+      start = end
+  out = dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask, sampler_logp_bt=sampler_logp)
+  if packed:
+    out.update(positions_bt=positions, sequence_bt=sequence)
+  return out
 
 
 @flax.struct.dataclass
@@ -236,7 +279,7 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
   """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned."""
   p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
   hidden = decoder.forward(p, batch.tokens_bt, config=model_cfg, segment_ids=batch.segment_bt,
-                           remat=cfg.remat, return_hidden=True, attention_impl=cfg.attention,
+                           positions=batch.positions_bt, remat=cfg.remat, return_hidden=True, attention_impl=cfg.attention,
                            remat_policy=cfg.remat_policy)
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
   return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk)
@@ -245,7 +288,8 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
 def loss_mask(batch: TrainBatch, cfg: LearnerConfig) -> jax.Array:
   mask = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
   if cfg.mask_truncated and batch.truncated_b is not None:
-    mask = mask & ~batch.truncated_b.astype(bool)[:, None]
+    truncated = batch.truncated_b.astype(bool)
+    mask = mask & ~(truncated if truncated.ndim == 2 else truncated[:, None])
   return mask
 
 
@@ -265,8 +309,9 @@ def micro_loss(params, ref_params, batch: TrainBatch, normalizer, model_cfg: Mod
     sums.update({k: v * tokens for k, v in mismatch.items()})
     if cfg.tis_cap is None:
       is_weight = None
+  sequences = batch.segment_bt if batch.packed else None
   loss, aux = grpo.policy_loss(logp, old, batch.advantages_b, mask, cfg.eps_low, cfg.eps_high,
-                               cfg.dual_clip, cfg.aggregation, normalizer, is_weight)
+                               cfg.dual_clip, cfg.aggregation, normalizer, is_weight, sequences)
   for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean"):
     sums[k] = aux[k] * tokens
   extrema = {"ratio_max": aux["ratio_max"], "ratio_min": aux["ratio_min"]}
@@ -276,7 +321,7 @@ def micro_loss(params, ref_params, batch: TrainBatch, normalizer, model_cfg: Mod
     ref_logp, _ = sequence_logprobs(ref_params, ref_batch, model_cfg, cfg)
     kl = grpo.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), cfg.kl_estimator)
     sums["kl"] = grpo.masked_sum(kl, mask)
-    loss = loss + cfg.kl_beta * grpo.aggregate(kl, mask, cfg.aggregation, normalizer)
+    loss = loss + cfg.kl_beta * grpo.aggregate(kl, mask, cfg.aggregation, normalizer, sequences)
   return loss, (sums, extrema)
 
 
@@ -294,7 +339,7 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
   """One optimizer step on `batch` (pure; jitted by `make_update_fn`)."""
   counted = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
   normalizer = grpo.loss_normalizer(counted if cfg.normalize_all else loss_mask(batch, cfg),
-                                    cfg.aggregation)
+                                    cfg.aggregation, batch.segment_bt if batch.packed else None)
   loss_fn = micro_loss
   if cfg.lora.rank:
     # One dropout mask per step, shared by the micro-batches: 1 or k give the same step.

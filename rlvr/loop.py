@@ -44,6 +44,10 @@ class RLConfig:
   ppo_epochs: int = 1               # passes over a buffer's mini-batches
   old_logp: str = "learner"         # old policy of a multi-step update: "learner" (recomputed
                                     # once per rollout batch, as verl) or "sampler" (its logprobs)
+  pack_len: int = 0                 # > 0: the update packs several sequences per row of at least
+                                    # this many tokens (verl's remove-padding, TRL's padding-free)
+  pack_min_rows: int = 8            # packed row counts: powers of two >= this (a multiple of
+                                    # data-parallel devices x learner micro_batches)
   seed: int = 0
 
   def __post_init__(self):
@@ -64,6 +68,9 @@ class RLConfig:
                        f"got {self.ppo_mini_batch_size}")
     if self.old_logp not in ("learner", "sampler"):
       raise ValueError(f"old_logp: unknown {self.old_logp!r}; expected learner|sampler")
+    if self.pack_len < 0 or self.pack_min_rows < 1:
+      raise ValueError(f"pack_len / pack_min_rows: must be >= 0 / >= 1, got {self.pack_len} / "
+                       f"{self.pack_min_rows}")
 
   @property
   def rows(self) -> int:
@@ -265,18 +272,16 @@ def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int, *, rows: in
 
   Rows beyond the groups are padding (no loss tokens). Advantages are computed
   within each group (`grpo.group_advantages`); groups may differ in size.
-  Default shape: cfg.rows x cfg.seq_len, grown to the next power of two when
-  the groups need more (a larger buffer, a longer prompt), so shapes stay few.
+  Default shape: cfg.rows (or `min_rows`) x cfg.seq_len, grown to the next power
+  of two when the groups need more (a larger buffer, a longer prompt), so shapes
+  stay few. With `cfg.pack_len` the sequences are packed side by side into rows of
+  max(pack_len, that seq_len) tokens (`learner.first_fit`), as few rows as they
+  need rounded up to a power of two >= cfg.pack_min_rows, with per-token
+  advantages and truncation flags.
   """
-  completions = [c for g in groups for c in g.completions]
-  longest = max((len(g.prompt.ids) + len(c.token_ids) for g in groups for c in g.completions),
-                default=0)
-  rows = bucket(len(completions), min_rows or cfg.rows) if rows is None else rows
-  seq_len = bucket(longest, cfg.seq_len, 16) if seq_len is None else seq_len
-  arrays = learner.pack_rows([(g.prompt.ids, c.token_ids, c.logprobs) for g in groups
-                              for c in g.completions], rows, seq_len, pad_id)
-  adv = np.zeros((rows,), np.float32)
-  truncated = np.zeros((rows,), bool)
+  seqs = [(g.prompt.ids, c.token_ids, c.logprobs) for g in groups for c in g.completions]
+  lengths = [len(p) + len(c) for p, c, _ in seqs]
+  adv = np.zeros((len(seqs),), np.float32)
   r = 0
   for g in groups:
     adv_g = np.asarray(grpo.group_advantages(np.asarray(g.rewards)[None],
@@ -284,8 +289,22 @@ def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int, *, rows: in
                                              ddof=cfg.adv_std_ddof))[0]
     adv[r:r + len(adv_g)] = adv_g
     r += len(adv_g)
-  truncated[:len(completions)] = [c.finish_reason == "length" for c in completions]
-  return dict(arrays, advantages_b=adv, truncated_b=truncated)
+  truncated = np.array([c.finish_reason == "length" for g in groups for c in g.completions],
+                       bool)
+  seq_len = bucket(max(lengths, default=0), cfg.seq_len, 16) if seq_len is None else seq_len
+  if cfg.pack_len:
+    seq_len = max(seq_len, cfg.pack_len)
+    bins = learner.first_fit(lengths, seq_len)
+    rows = bucket(len(bins), cfg.pack_min_rows) if rows is None else rows
+    arrays = learner.pack_rows(seqs, rows, seq_len, pad_id, bins=bins)
+    index = arrays.pop("sequence_bt")
+    real = index >= 0
+    return dict(arrays, advantages_b=np.where(real, adv[index], 0.0).astype(np.float32),
+                truncated_b=real & truncated[index])
+  rows = bucket(len(seqs), min_rows or cfg.rows) if rows is None else rows
+  arrays = learner.pack_rows(seqs, rows, seq_len, pad_id)
+  return dict(arrays, advantages_b=np.pad(adv, (0, rows - len(seqs))),
+              truncated_b=np.pad(truncated, (0, rows - len(seqs))))
 
 
 def rollout_metrics(sampled: Sequence[Group], kept: Sequence[Group], rounds: int,

@@ -65,12 +65,13 @@ def vllm_server(served_model_dir):
 
 @pytest.fixture(scope="session")
 def one_device_learner():
-  """(model config, params, learning rate) -> (state, update, to_batch) on one CPU device."""
+  """(model config, params, learning rate, **LearnerConfig fields) -> (state, update,
+  to_batch) on one CPU device."""
   from rlvr import learner, sharding
 
-  def make(cfg, params, lr):
+  def make(cfg, params, lr, **learner_fields):
     mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-    lc = learner.LearnerConfig(learning_rate=lr)
+    lc = learner.LearnerConfig(learning_rate=lr, **learner_fields)
     to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
     return (learner.init_state(cfg, lc, params, mesh), learner.make_update_fn(cfg, lc, mesh),
             to_batch)

@@ -96,3 +96,53 @@ def test_update_on_buffer_reports_the_steps(rollout, one_device_learner):
   assert m["kl_first_last"] > 0 and m["ratio_min"] <= 1.0 <= m["ratio_max"]
   with pytest.raises(ValueError, match="logp_fn"):
     loop.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=3)
+
+
+def test_first_fit_and_packed_layout():
+  assert learner.first_fit([5, 9, 3, 7, 4], 12) == [[1, 2], [3, 0], [4]]   # 9+3, 7+5, 4
+  assert learner.first_fit([20, 2], 8) == [[0], [1]]   # too long: a row to itself
+  rows = [((1, 2), (3, 4, 5), [-0.1, -0.2, -0.3]), ((6,), (7,), None), ((8, 9, 10), (11,), None)]
+  a = learner.pack_rows(rows, 3, 8, pad_id=0, bins=[[0, 1], [2]])
+  assert a["tokens_bt"][0].tolist() == [1, 2, 3, 4, 5, 6, 7, 0]
+  assert a["segment_bt"][0].tolist() == [1, 1, 1, 1, 1, 2, 2, 0]
+  assert a["positions_bt"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 0]
+  assert a["loss_mask_bt"][0].tolist() == [0, 0, 1, 1, 1, 0, 1, 0]
+  assert a["sampler_logp_bt"][0, 2:5].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+  assert a["sequence_bt"][1].tolist() == [2] * 4 + [-1] * 4
+  assert not a["segment_bt"][2].any()
+  with pytest.raises(ValueError, match="n_rows=1"):
+    learner.pack_rows(rows, 1, 8, bins=[[0], [1, 2]])
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggregation):
+  """The same groups, one sequence per row or packed several to a row: the same
+  logprobs and the same optimizer step (two micro-batches, truncated completions
+  masked, each aggregation), on far fewer padding tokens."""
+  cfg, params, pad, groups = rollout
+  packed_rl = dataclasses.replace(RL, pack_len=48, pack_min_rows=2)
+  plain, packed = (loop.build_batch(groups, rl, pad) for rl in (RL, packed_rl))
+  assert packed["segment_bt"].max() > 2
+  assert packed["tokens_bt"].size < plain["tokens_bt"].size
+  assert (packed["segment_bt"] == 0).sum() <= (plain["segment_bt"] == 0).sum() / 2   # padding
+  assert packed["loss_mask_bt"].sum() == plain["loss_mask_bt"].sum()
+  assert packed["truncated_b"].shape == packed["tokens_bt"].shape
+  assert packed["truncated_b"].sum() > 0    # some sampled completions hit max_response_len
+  assert np.sort(packed["advantages_b"][packed["loss_mask_bt"] > 0]).tolist() == pytest.approx(
+      np.sort(np.repeat(plain["advantages_b"], plain["loss_mask_bt"].sum(1).astype(int))))
+
+  lc = dict(aggregation=aggregation, mask_truncated=True, micro_batches=2)
+  logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(**lc))
+  results = []
+  for arrays in (plain, packed):
+    state, update, to_batch = one_device_learner(cfg, params, 1e-3, **lc)
+    batch = to_batch(arrays)
+    logp = np.asarray(logp_fn(state.params, batch))[arrays["loss_mask_bt"] > 0]
+    state, m = update(state, batch)
+    results.append((np.sort(logp), {k: float(v) for k, v in m.items()}, _params(state)))
+  (lp_a, m_a, p_a), (lp_b, m_b, p_b) = results
+  np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)   # sorted: one value per loss token
+  for k in ("loss", "grad_norm", "tokens", "entropy", "logp"):
+    assert m_b[k] == pytest.approx(m_a[k], rel=1e-4, abs=1e-6), k
+  for a, b in zip(p_a, p_b):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
