@@ -28,6 +28,8 @@ flags.DEFINE_integer("seq", 512, "Tokens per row.")
 flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up step).")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 flags.DEFINE_bool("remat", False, "Rematerialise decoder layers.")
+flags.DEFINE_bool("scan_layers", False, "One lax.scan over the layers (the learner's default, "
+                  "for deep models) instead of unrolled layers (faster for this small model).")
 flags.DEFINE_bool("skip_torch", False, "Only run ours.")
 flags.DEFINE_list("seqs", [], "T-scaling: run each of these row lengths with --tokens per step "
                   "(e.g. 256,512,1024,2048) and print a table; overrides --batch / --seq.")
@@ -69,7 +71,7 @@ def bench_ours(cfg, tokens, mask, adv):
   import jax.numpy as jnp
   from rlvr import learner, model, sharding
   lc = learner.LearnerConfig(learning_rate=1e-6, compute_dtype=FLAGS.dtype, remat=FLAGS.remat,
-                             dual_clip=None)
+                             dual_clip=None, scan_layers=FLAGS.scan_layers)
   mesh = sharding.make_mesh({"fsdp": -1})
   params = model.init(cfg, jax.random.key(0))
   state = learner.init_state(cfg, lc, params, mesh)
@@ -149,8 +151,9 @@ def main(argv):
   dt = jnp.float32 if FLAGS.dtype == "float32" else jnp.bfloat16
   shapes = ([(max(1, FLAGS.tokens // int(t)), int(t)) for t in FLAGS.seqs]
             if FLAGS.seqs else [(FLAGS.batch, FLAGS.seq)])
-  print(f"model {FLAGS.model}: {n_params / 1e6:.1f}M params; {FLAGS.dtype}; backend "
-        f"{jax.default_backend()} ({jax.device_count()} devices)")
+  print(f"model {FLAGS.model}: {n_params / 1e6:.1f}M params; {FLAGS.dtype}; layers "
+        f"{'scanned' if FLAGS.scan_layers else 'unrolled'}; backend {jax.default_backend()} "
+        f"({jax.device_count()} devices)")
   peak_before = matmul_peak(dt)
   rows = [(seq, *_compare(cfg, batch, seq, peak_before)) for batch, seq in shapes]
   peak = max(peak_before, matmul_peak(dt))   # probed before and after: the higher bounds both

@@ -182,13 +182,17 @@ def truncated_is_weight(old_logp_bt, sampler_logp_bt, mask_bt, cap: float = 2.0)
 
 
 def token_logprobs_and_entropy(hidden_btd: jax.Array, head_dv: jax.Array, tokens_bt: jax.Array,
-                               chunk: int = 256) -> tuple[jax.Array, jax.Array]:
+                               chunk: int = 256, matmul=None) -> tuple[jax.Array, jax.Array]:
   r"""log p(tokens[t] | <t) and entropy of the next-token distribution, target-aligned.
 
   Works on the decoder's final hidden states in chunks of `chunk` positions,
   each chunk rematerialised in the backward pass, so at most one
   [B, chunk, V] logits block exists at a time. Entry [b, 0] is 0 (no context).
+  matmul(x [n, D], head [D, V]) -> f32 logits [n, V]; default: in x's dtype with f32
+  accumulation (the learner passes `decoder.logits_matmul`, CPU-friendly gradients).
   """
+  if matmul is None:
+    matmul = lambda x, w: jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
   b, t, d = hidden_btd.shape
   h = hidden_btd[:, :-1]
   targets = tokens_bt[:, 1:]
@@ -204,7 +208,7 @@ def token_logprobs_and_entropy(hidden_btd: jax.Array, head_dv: jax.Array, tokens
   @jax.checkpoint
   def one(args):
     hc, tc = args
-    z = (hc.reshape(-1, d) @ head_dv.astype(hc.dtype)).astype(jnp.float32)
+    z = matmul(hc.reshape(-1, d), head_dv)
     z = z.reshape(hc.shape[:2] + (-1,))
     lse = jax.nn.logsumexp(z, axis=-1)
     logp = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0] - lse

@@ -64,6 +64,8 @@ class LearnerConfig:
   logits_chunk: int = 256                # positions per logits block in the loss
   attention: str = "auto"                # "auto" (blockwise at long T), "dense", "blockwise",
                                          # "cudnn" (GPU flash attention, right-padded rows)
+  scan_layers: bool = True               # False: layers unrolled (faster on CPU for small
+                                         # models, compile time grows with depth)
   lora: LoraConfig = LoraConfig()        # rank > 0: train LoRA adapters on a frozen base
 
   def __post_init__(self):
@@ -280,9 +282,10 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
   p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
   hidden = decoder.forward(p, batch.tokens_bt, config=model_cfg, segment_ids=batch.segment_bt,
                            positions=batch.positions_bt, remat=cfg.remat, return_hidden=True, attention_impl=cfg.attention,
-                           remat_policy=cfg.remat_policy)
+                           remat_policy=cfg.remat_policy, scan_layers=cfg.scan_layers)
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
-  return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk)
+  return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk,
+                                         decoder.logits_matmul)
 
 
 def loss_mask(batch: TrainBatch, cfg: LearnerConfig) -> jax.Array:

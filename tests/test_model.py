@@ -278,3 +278,55 @@ def test_low_precision_matmul_and_grads_match_float64(shape):
   # The same call in f32 is a plain matmul, bit for bit.
   x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
   np.testing.assert_array_equal(decoder.dense(x32, w32), (x32.reshape(-1, d) @ w32).reshape(y.shape))
+
+
+def test_logits_matmul_keeps_f32_logits_and_rounds_only_the_gradient():
+  """`decoder.logits_matmul` in bf16 on CPU: f32 logits of the bf16 inputs (f32 sums,
+  no bf16 rounding of the logits), gradients from the bf16-rounded cotangent."""
+  from rlvr.model import decoder
+  rng = np.random.RandomState(1)
+  x = jnp.asarray(rng.randn(24, 40), jnp.bfloat16)
+  w = jnp.asarray(rng.randn(40, 96) / np.sqrt(40), jnp.float32)   # f32 master weights
+  g = jnp.asarray(rng.randn(24, 96), jnp.float32)
+  z, vjp = jax.vjp(decoder.logits_matmul, x, w)
+  dx, dw = vjp(g)
+  assert z.dtype == jnp.float32 and dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+  x64 = np.asarray(x, np.float64)
+  w64 = np.asarray(w.astype(jnp.bfloat16), np.float64)
+  g64 = np.asarray(g.astype(jnp.bfloat16), np.float64)
+  want = x64 @ w64
+  np.testing.assert_allclose(np.asarray(z, np.float64), want, rtol=0, atol=1e-5 * np.abs(want).max())
+  for got, want in ((dx, g64 @ w64.T), (dw, x64.T @ g64)):
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0,
+                               atol=2.0 ** -8 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_unrolled_layers_equal_the_layer_scan(tiny_dirs, remat):
+  """scan_layers=False runs the same stacked parameters layer by layer: the same logits
+  and parameter gradients as the scan (f32), with and without remat."""
+  cfg, params = model.load_hf(tiny_dirs["qwen3"])
+  tokens = jnp.asarray(_tokens((2, 12), seed=3))
+  seg = jnp.asarray(np.r_[[1] * 12, [1] * 9 + [0] * 3].reshape(2, 12))
+
+  def loss(p, scan):
+    logits = model.forward(p, tokens, config=cfg, segment_ids=seg, remat=remat,
+                           scan_layers=scan)
+    return jnp.sum(jax.nn.log_softmax(logits)[..., 5] * seg), logits
+
+  (l0, z0), g0 = jax.value_and_grad(loss, has_aux=True)(params, True)
+  (l1, z1), g1 = jax.value_and_grad(loss, has_aux=True)(params, False)
+  np.testing.assert_allclose(z1, z0, rtol=1e-5, atol=1e-5)   # f32 rounding of other fusions
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(np.abs(b).max()))
+  if not remat:   # prefill then one decoding step with the KV cache, both ways
+    outs = []
+    for scan in (True, False):
+      cache = model.KVCache.empty(cfg, batch=2, slots=16)
+      z, cache = model.forward(params, tokens, config=cfg, segment_ids=seg, cache=cache,
+                               scan_layers=scan)
+      z2, cache = model.forward(params, tokens[:, :1], config=cfg, cache=cache,
+                                scan_layers=scan)
+      outs.append((z, z2, cache.k))
+    for a, b in zip(*outs):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

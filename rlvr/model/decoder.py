@@ -111,28 +111,39 @@ def _materialized_t(x):
   return x.reshape(n // k, k, m).transpose(2, 0, 1).reshape(m, n)
 
 
-@jax.custom_vjp
-def _lowp_matmul(x, w):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _lowp_matmul(x, w, f32_out: bool = False):
   """[n, d] @ [d, f] in bf16 / f16 with f32 accumulation, backward dots laid out for
   XLA's CPU kernels (AMX / AVX512-BF16 when the CPU has them); same values as
-  `x @ w` up to rounding of the f32 sum."""
-  return _acc32(x, w, ((1,), (0,))).astype(x.dtype)
+  `x @ w` up to rounding of the f32 sum. f32_out: keep the f32 result (logits); its
+  gradient is rounded to x's dtype for the backward dots, as autocast does."""
+  y = _acc32(x, w, ((1,), (0,)))
+  return y if f32_out else y.astype(x.dtype)
 
 
-def _lowp_fwd(x, w):
+def _lowp_fwd(x, w, f32_out):
   # x^T is the residual: transposing here, on a fresh value, is cheap; transposing
   # in the backward pass would fuse with the read from the layer scan's stack (slow).
-  return _lowp_matmul(x, w), (_materialized_t(x), w)
+  return _lowp_matmul(x, w, f32_out), (_materialized_t(x), w)
 
 
-def _lowp_bwd(res, g):
+def _lowp_bwd(f32_out, res, g):
   x_t, w = res
+  g = g.astype(x_t.dtype)
   dx = _acc32(g, w, ((1,), (1,))).astype(x_t.dtype)      # g @ w^T
   dw = _acc32(x_t, g, ((1,), (0,))).astype(w.dtype)      # x^T @ g
   return dx, dw
 
 
 _lowp_matmul.defvjp(_lowp_fwd, _lowp_bwd)
+
+
+def logits_matmul(x, w):
+  """x[n, d] @ w[d, V] -> f32 logits; bf16 / f16 on CPU through `_lowp_matmul` (the
+  backward dots in x's dtype with f32 accumulation, not f32 dots on upcast inputs)."""
+  if x.dtype in (jnp.bfloat16, jnp.float16) and jax.default_backend() == "cpu":
+    return _lowp_matmul(x, w.astype(x.dtype), True)
+  return jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
 
 
 def _param(module: nn.Module, name: str, shape, axes, dtype, init=None):
@@ -263,6 +274,7 @@ class Decoder(nn.Module):
   remat: bool = False
   attention: str = "auto"
   remat_policy: str = "nothing"
+  scan_layers: bool = True
 
   @nn.compact
   def __call__(self, tokens_bt, positions_bt, segment_bt, cache: KVCache | None = None,
@@ -283,16 +295,25 @@ class Decoder(nn.Module):
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(c, pd, self.attention, name="layers")
 
-    layers = jnp.arange(c.num_layers)
-    if cache is None:
-      (x, _), _ = scanned((x, None), positions_bt, segment_bt, layers)
-      new_cache = None
-    else:
+    kv = None
+    if cache is not None:
       seg_in_cache = jax.lax.dynamic_update_slice_in_dim(
           cache.segment_bs, segment_bt.astype(jnp.int32), cache.index, axis=1)
       kv = (cache.k, cache.v, seg_in_cache, cache.index)
-      (x, (k, v, _, _)), _ = scanned((x, kv), positions_bt, segment_bt, layers)
-      new_cache = KVCache(k=k, v=v, segment_bs=seg_in_cache,
+    if self.scan_layers or self.is_initializing():
+      (x, kv), _ = scanned((x, kv), positions_bt, segment_bt, jnp.arange(c.num_layers))
+    else:
+      # The same stacked parameters, one layer after another in straight-line code: no
+      # stacked [layers, ...] residuals written and read back by the scan (on CPU those
+      # copies cost as much as the matmuls of a small model); compile time grows with depth.
+      stacked = self.variables["params"]["layers"]
+      for i in range(c.num_layers):
+        (x, kv), _ = block(c, pd, self.attention).apply(
+            {"params": jax.tree.map(lambda a: a[i], stacked)}, (x, kv), positions_bt,
+            segment_bt, i)
+    new_cache = None
+    if cache is not None:
+      new_cache = KVCache(k=kv[0], v=kv[1], segment_bs=kv[2],
                           index=cache.index + tokens_bt.shape[1])
 
     x = RMSNorm(c.rms_norm_eps, param_dtype=pd, name="final_norm")(x)
@@ -317,7 +338,7 @@ def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
             positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
             cache: KVCache | None = None, remat: bool = False,
             return_hidden: bool = False, attention_impl: str = "auto",
-            remat_policy: str = "nothing"):
+            remat_policy: str = "nothing", scan_layers: bool = True):
   """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
 
   segment_ids: [B,T] ints, 0 for padding (default all ones). positions: [B,T]
@@ -328,6 +349,8 @@ def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
   attention_impl: "auto" (blockwise from `attention.BLOCKWISE_FROM` positions on,
   never [T, T] logits), "dense", "blockwise" or "cudnn" (`rlvr.model.attention`).
   remat_policy: what each rematerialised layer saves (`REMAT_POLICIES`).
+  scan_layers: one `lax.scan` over the stacked layers (compile time independent of
+  depth), or False: the layers unrolled (faster for small models on CPU).
   """
   if segment_ids is None:
     segment_ids = jnp.ones(tokens_bt.shape, jnp.int32)
@@ -337,7 +360,7 @@ def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
       prior = jnp.sum(cache.segment_bs != 0, axis=-1, keepdims=True).astype(jnp.int32)
       positions = positions + prior
   out, new_cache = Decoder(config, remat=remat, attention=attention_impl,
-                           remat_policy=remat_policy).apply(
+                           remat_policy=remat_policy, scan_layers=scan_layers).apply(
       {"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden)
   return out if cache is None else (out, new_cache)
 
