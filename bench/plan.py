@@ -10,12 +10,14 @@ mini-batch of the config (rl.loop.ppo_mini_batch_size groups x group_size rows,
 prompt + response tokens). Prints per device what XLA's memory analysis reports:
 parameters, optimizer state (both from the shardings), the step's inputs and
 temporaries, the total against --budget_gib, and model FLOPs per step from XLA's
-cost analysis. CPU compilation stands in for the accelerator's: buffer sizes
+cost analysis; and the same for the old-logprob pass a multi-step update runs first
+(`learner.make_logprob_fn`). CPU compilation stands in for the accelerator's: buffer sizes
 and layouts match, fusion decisions can differ.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -100,6 +102,14 @@ def plan(cfg, devices: int) -> dict:
   # Outputs alias the donated state; what is not aliased needs room of its own.
   outputs = max(mem.output_size_in_bytes - mem.alias_size_in_bytes, 0)
   total = inputs + temps + outputs
+  # The old-logprob pass of a multi-step update (learner.make_logprob_fn), on the same
+  # mini-batch and mesh; the optimizer state stays resident beside it.
+  placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                          sharding=sharding.batch_sharding(mesh, len(x.shape)))
+  logp_fn = jax.jit(functools.partial(learner.batch_logprobs, model_cfg=model_cfg, cfg=lc))
+  lp_mem = logp_fn.lower(state.params, jax.tree.map(placed, batch)).compile().memory_analysis()
+  lp_total = opt + lp_mem.argument_size_in_bytes + lp_mem.temp_size_in_bytes + \
+      lp_mem.output_size_in_bytes
   return {
       "config": cfg.workdir, "model": model_name, "params_b": sum(
           math.prod(x.shape) for x in jax.tree.leaves(state.params)) / 1e9,
@@ -112,7 +122,11 @@ def plan(cfg, devices: int) -> dict:
           "params": params / GIB, "optimizer": opt / GIB,
           "inputs (state + batch)": inputs / GIB, "temporaries (grads, activations)": temps / GIB,
           "outputs not aliased": outputs / GIB, "total": total / GIB},
-      "budget_gib": FLAGS.budget_gib, "fits": total / GIB <= FLAGS.budget_gib,
+      "old_logprobs_gib_per_device": {
+          "temporaries": lp_mem.temp_size_in_bytes / GIB,
+          "total (with the optimizer state)": lp_total / GIB},
+      "budget_gib": FLAGS.budget_gib,
+      "fits": max(total, lp_total) / GIB <= FLAGS.budget_gib,
       # 6 N per token (forward + backward) plus causal attention (6 L h d T / 2 per token),
       # spread over the devices; XLA's own count visits loop bodies (layers, micro-batches)
       # once, so it is reported as is, for what it is.
@@ -135,6 +149,9 @@ def main(argv):
         f"attention={out['attention']}")
   for k, v in g.items():
     print(f"  {k:34s} {v:8.2f} GiB")
+  lp = out["old_logprobs_gib_per_device"]
+  print(f"  {'old-logprob pass, total':34s} {lp['total (with the optimizer state)']:8.2f} GiB "
+        f"(temporaries {lp['temporaries']:.2f})")
   print(f"  {'budget':34s} {out['budget_gib']:8.2f} GiB -> {'fits' if out['fits'] else 'DOES NOT FIT'}")
   print(f"  model TFLOPs per step per device: {out['model_tflops_per_step_per_device']:.1f} "
         f"(XLA, loop bodies once: {out['xla_tflops_loop_bodies_once']:.1f})")

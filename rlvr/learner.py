@@ -409,7 +409,16 @@ def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None)
   return update
 
 
+def batch_logprobs(params, batch: TrainBatch, *, model_cfg: ModelConfig, cfg: LearnerConfig):
+  """logp_bt of the whole batch, one micro-batch at a time (`cfg.micro_batches`, as the
+  update splits it), so that fixing old logprobs needs no more activation memory than
+  a training micro-batch."""
+  micro = _split_micro(batch, cfg.micro_batches)
+  logp = jax.lax.map(lambda mb: sequence_logprobs(params, mb, model_cfg, cfg)[0], micro)
+  return logp.swapaxes(0, 1).reshape(batch.tokens_bt.shape)   # undo the strided split
+
+
 def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig):
-  """Jitted `(params, batch) -> logp_bt`, e.g. to fix old logprobs before several steps.
-  params: the policy's weights (with LoRA: `policy_params(state, cfg)`)."""
-  return jax.jit(lambda params, batch: sequence_logprobs(params, batch, model_cfg, cfg)[0])
+  """Jitted `(params, batch) -> logp_bt` (`batch_logprobs`), e.g. to fix old logprobs
+  before several steps. params: the policy's weights (with LoRA: `policy_params(state, cfg)`)."""
+  return jax.jit(functools.partial(batch_logprobs, model_cfg=model_cfg, cfg=cfg))

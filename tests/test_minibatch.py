@@ -146,3 +146,15 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
     assert m_b[k] == pytest.approx(m_a[k], rel=1e-4, abs=1e-6), k
   for a, b in zip(p_a, p_b):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_old_logprobs_are_computed_per_micro_batch(rollout):
+  """`make_logprob_fn` splits the batch as the update does (a training micro-batch's
+  memory, not the whole buffer's) and puts every row back in place."""
+  cfg, params, pad, groups = rollout
+  batch = learner.TrainBatch(**{k: jax.numpy.asarray(v)
+                                for k, v in loop.build_batch(groups, RL, pad).items()})
+  whole, split = (np.asarray(learner.make_logprob_fn(cfg, learner.LearnerConfig(
+      micro_batches=m))(params, batch)) for m in (1, 4))
+  np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-5)
+  assert np.abs(whole).sum() > 0

@@ -26,6 +26,9 @@ def test_plan_of_a_small_config_has_every_field(tmp_path):
                     "temporaries (grads, activations)", "outputs not aliased", "total"}
   assert 0 < g["params"] < g["inputs (state + batch)"] <= g["total"] < plan["budget_gib"]
   assert abs(g["optimizer"] / g["params"] - 2) < 1e-2   # Adam: two f32 moments (+ a count)
+  lp = plan["old_logprobs_gib_per_device"]
+  assert set(lp) == {"temporaries", "total (with the optimizer state)"}
+  assert 0 < lp["temporaries"] < lp["total (with the optimizer state)"] < plan["budget_gib"]
   assert plan["fits"] is True and plan["model_tflops_per_step_per_device"] > 0
   assert plan["xla_tflops_loop_bodies_once"] > 0
   assert "DOES NOT FIT" not in res.stdout and "fits" in res.stdout
