@@ -87,11 +87,15 @@ def plan(cfg, devices: int) -> dict:
   state = checkpoint.abstract_state(model_cfg, lc, mesh)
   rows, t = rl.mini_batch_rows, rl.seq_len
   spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
+  # Packed (rl.loop.pack): at most as many rows as unpacked, each sequence's positions and
+  # per-token advantages and truncation flags; the shapes of the worst case are compiled.
+  per_row = (rows, t) if rl.pack else (rows,)
   batch = learner.TrainBatch(
       tokens_bt=spec((rows, t), jnp.int32), segment_bt=spec((rows, t), jnp.int32),
-      loss_mask_bt=spec((rows, t), jnp.float32), advantages_b=spec((rows,), jnp.float32),
+      loss_mask_bt=spec((rows, t), jnp.float32), advantages_b=spec(per_row, jnp.float32),
       old_logp_bt=spec((rows, t), jnp.float32), sampler_logp_bt=spec((rows, t), jnp.float32),
-      truncated_b=spec((rows,), jnp.bool_))
+      truncated_b=spec(per_row, jnp.bool_),
+      positions_bt=spec((rows, t), jnp.int32) if rl.pack else None)
   compiled = learner.jit_train_step(model_cfg, lc, mesh, batch).lower(state, batch).compile()
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -114,10 +118,11 @@ def plan(cfg, devices: int) -> dict:
       "config": cfg.workdir, "model": model_name, "params_b": sum(
           math.prod(x.shape) for x in jax.tree.leaves(state.params)) / 1e9,
       "devices": devices, "mesh": dict(mesh.shape),
-      "rows_per_step": rows, "seq_len": t, "micro_batches": lc.micro_batches,
-      "rows_per_device_per_micro_batch": rows / lc.micro_batches / (
+      "rows_per_step": rows, "seq_len": t, "micro_batches": lc.micro_count(rows),
+      "rows_per_device_per_micro_batch": rows / lc.micro_count(rows) / (
           mesh.shape["data"] * mesh.shape["fsdp"]),
       "remat": lc.remat, "compute_dtype": lc.compute_dtype, "attention": lc.attention,
+      "packed": rl.pack,
       "gib_per_device": {
           "params": params / GIB, "optimizer": opt / GIB,
           "inputs (state + batch)": inputs / GIB, "temporaries (grads, activations)": temps / GIB,
@@ -145,7 +150,7 @@ def main(argv):
   print(f"{out['config']}: {out['model']} ({out['params_b']:.1f}B) on {out['devices']} devices "
         f"{out['mesh']}, {out['rows_per_step']} rows x {out['seq_len']} tokens, "
         f"{out['micro_batches']} micro-batches ({out['rows_per_device_per_micro_batch']:g} "
-        f"rows/device each), remat={out['remat']}, {out['compute_dtype']}, "
+        f"rows/device each), packed={out['packed']}, remat={out['remat']}, {out['compute_dtype']}, "
         f"attention={out['attention']}")
   for k, v in g.items():
     print(f"  {k:34s} {v:8.2f} GiB")

@@ -136,9 +136,13 @@ def paper(name: str, *, steps: int, method: str = "rlvr", integer_answers: bool 
   c.rl.loop.max_response_len = 8192
   c.rl.loop.ppo_mini_batch_size = 256   # groups per optimizer step (2,048 rows)
   c.svs.refill_originals = False        # used only by method="svs"
-  # One sequence of 12,288 tokens per device per micro-batch: what fits an 80 GB H100 at 32B
+  # One row of 12,288 tokens per device per micro-batch: what fits an 80 GB H100 at 32B
   # (bench/plan.py; the README's plan table). Rows are split over data x fsdp.
-  c.rl.learner.micro_batches = 256 * 8 // fsdp
+  c.rl.learner.micro_batch_rows = fsdp
+  # Responses vary in length: the update packs them into rows of the full length (the
+  # same shapes per micro-batch, fewer micro-batches; verl's remove-padding).
+  c.rl.loop.pack = True
+  c.rl.loop.pack_min_rows = fsdp
   c.rl.learner.remat = True
   c.rl.learner.compute_dtype = "bfloat16"
   c.reward.integer_answers = integer_answers

@@ -62,7 +62,6 @@ def get_config():
   c.rl.learner.aggregation = "seq-mean-token-mean"
   c.rl.learner.mask_truncated = True
   c.rl.learner.normalize_all = True
-  c.rl.learner.micro_batches = 2         # 16 rows of 4,096 tokens over 8 devices
   c.shaping.format_bonus = 0.1
   c.eval.every = 150                     # held-out pass@1 after every round
   c.eval.sampling.n = 16

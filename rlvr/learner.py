@@ -54,6 +54,8 @@ class LearnerConfig:
   kl_beta: float = 0.0                   # > 0 keeps a frozen reference model
   kl_estimator: str = "k3"
   micro_batches: int = 1
+  micro_batch_rows: int = 0              # > 0: rows per micro-batch instead (the count then
+                                         # follows the batch, as packed batches vary in rows)
   remat: bool = False
   remat_policy: str = "nothing"          # with remat: "nothing" saved per layer, or "dots"
   compute_dtype: str = "float32"         # params stay f32 (master); forward in this dtype
@@ -83,8 +85,18 @@ class LearnerConfig:
                        f"expected one of {decoder.REMAT_POLICIES}")
     if self.compute_dtype not in _DTYPES:
       raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; expected {list(_DTYPES)}")
-    if self.micro_batches < 1:
-      raise ValueError(f"micro_batches: must be >= 1, got {self.micro_batches}")
+    if self.micro_batches < 1 or self.micro_batch_rows < 0:
+      raise ValueError(f"micro_batches / micro_batch_rows: must be >= 1 / >= 0, got "
+                       f"{self.micro_batches} / {self.micro_batch_rows}")
+
+  def micro_count(self, rows: int) -> int:
+    """Micro-batches a batch of `rows` rows is split into."""
+    if not self.micro_batch_rows:
+      return self.micro_batches
+    if rows % self.micro_batch_rows:
+      raise ValueError(f"micro_batch_rows: a batch of {rows} rows does not split into "
+                       f"micro-batches of {self.micro_batch_rows}")
+    return rows // self.micro_batch_rows
     if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
       raise ValueError(f"eps_low/eps_high: bad clip range {self.eps_low}/{self.eps_high}")
     if self.dual_clip is not None and self.dual_clip <= 1:
@@ -351,7 +363,7 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
     def loss_fn(adapters, *args):
       return micro_loss(lora_lib.merge(state.base, adapters, cfg.lora, dropout_rng), *args)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  micro = _split_micro(batch, cfg.micro_batches)
+  micro = _split_micro(batch, cfg.micro_count(batch.tokens_bt.shape[0]))
 
   def body(carry, mb):
     grads_acc, sums_acc, ext_acc = carry
@@ -410,10 +422,10 @@ def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None)
 
 
 def batch_logprobs(params, batch: TrainBatch, *, model_cfg: ModelConfig, cfg: LearnerConfig):
-  """logp_bt of the whole batch, one micro-batch at a time (`cfg.micro_batches`, as the
+  """logp_bt of the whole batch, one micro-batch at a time (`cfg.micro_count`, as the
   update splits it), so that fixing old logprobs needs no more activation memory than
   a training micro-batch."""
-  micro = _split_micro(batch, cfg.micro_batches)
+  micro = _split_micro(batch, cfg.micro_count(batch.tokens_bt.shape[0]))
   logp = jax.lax.map(lambda mb: sequence_logprobs(params, mb, model_cfg, cfg)[0], micro)
   return logp.swapaxes(0, 1).reshape(batch.tokens_bt.shape)   # undo the strided split
 

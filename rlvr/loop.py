@@ -44,10 +44,11 @@ class RLConfig:
   ppo_epochs: int = 1               # passes over a buffer's mini-batches
   old_logp: str = "learner"         # old policy of a multi-step update: "learner" (recomputed
                                     # once per rollout batch, as verl) or "sampler" (its logprobs)
-  pack_len: int = 0                 # > 0: the update packs several sequences per row of at least
-                                    # this many tokens (verl's remove-padding, TRL's padding-free)
+  pack: bool = False                # the update packs several sequences per row (verl's
+                                    # remove-padding, TRL's padding-free)
+  pack_len: int = 0                 # packed row length (0: seq_len, the longest sequence)
   pack_min_rows: int = 8            # packed row counts: powers of two >= this (a multiple of
-                                    # data-parallel devices x learner micro_batches)
+                                    # data-parallel devices x learner micro-batch rows)
   seed: int = 0
 
   def __post_init__(self):
@@ -274,8 +275,8 @@ def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int, *, rows: in
   within each group (`grpo.group_advantages`); groups may differ in size.
   Default shape: cfg.rows (or `min_rows`) x cfg.seq_len, grown to the next power
   of two when the groups need more (a larger buffer, a longer prompt), so shapes
-  stay few. With `cfg.pack_len` the sequences are packed side by side into rows of
-  max(pack_len, that seq_len) tokens (`learner.first_fit`), as few rows as they
+  stay few. With `cfg.pack` the sequences are packed side by side into rows of
+  max(cfg.pack_len, that seq_len) tokens (`learner.first_fit`), as few rows as they
   need rounded up to a power of two >= cfg.pack_min_rows, with per-token
   advantages and truncation flags.
   """
@@ -292,7 +293,7 @@ def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int, *, rows: in
   truncated = np.array([c.finish_reason == "length" for g in groups for c in g.completions],
                        bool)
   seq_len = bucket(max(lengths, default=0), cfg.seq_len, 16) if seq_len is None else seq_len
-  if cfg.pack_len:
+  if cfg.pack:
     seq_len = max(seq_len, cfg.pack_len)
     bins = learner.first_fit(lengths, seq_len)
     rows = bucket(len(bins), cfg.pack_min_rows) if rows is None else rows

@@ -258,12 +258,14 @@ def run(cfg) -> dict:
   if lc.lora.rank:   # the RL loop samples and re-scores with state.params as the policy
     raise ValueError("rl.learner.lora.rank: LoRA is wired into SFT only (sft.learner.lora); "
                      "RL trains the full model, leave it 0")
-  if cfg.rl.loop.pack_len and lc.attention == "cudnn":
-    raise ValueError("rl.loop.pack_len: packed rows (several sequences per row) need "
+  if cfg.rl.loop.pack and lc.attention == "cudnn":
+    raise ValueError("rl.loop.pack: packed rows (several sequences per row) need "
                      "rl.learner.attention auto|dense|blockwise; cudnn takes one per row")
-  if cfg.rl.loop.pack_len and cfg.rl.loop.pack_min_rows % lc.micro_batches:
+  split = lc.micro_batch_rows or lc.micro_batches
+  if cfg.rl.loop.pack and cfg.rl.loop.pack_min_rows % split:
     raise ValueError(f"rl.loop.pack_min_rows: {cfg.rl.loop.pack_min_rows} packed rows do not "
-                     f"split into rl.learner.micro_batches={lc.micro_batches}; use a multiple")
+                     f"split by {split} (rl.learner.micro_batch_rows, or micro_batches); use a "
+                     "multiple")
   with RewardPool(workers=cfg.reward_workers, timeout_s=reward_cfg.timeout_s) as pool:
     score = evaluation.score_fn(pool, reward_cfg)
     # Evaluation counts correct answers only, with general (not integer-only) matching.

@@ -58,6 +58,14 @@ def test_micro_batches_give_the_same_update(tiny, aggregation):
   moved = max(float(jnp.abs(a - b).max()) for a, b in
               zip(jax.tree.leaves(s1.params), jax.tree.leaves(params)))
   assert moved > 1e-4  # the update did something
+  rows = worker.make_batch(0, cfg.vocab_size)["tokens_bt"].shape[0]
+  by_rows = worker.learner_config(micro_batch_rows=rows // 4, aggregation=aggregation)
+  assert by_rows.micro_count(rows) == 4
+  s4r, m4r = _run(cfg, params, by_rows, {"fsdp": 1}, devices=jax.devices()[:1])
+  assert float(m4r["loss"]) == float(m4["loss"])
+  _assert_params_close(s4r.params, s4.params, rtol=0, atol=0)
+  with pytest.raises(ValueError, match="micro_batch_rows"):
+    by_rows.micro_count(rows + 1)
 
 
 @pytest.mark.parametrize("mesh_axes", [{"fsdp": 8}, {"data": 2, "fsdp": 2, "tensor": 2},

@@ -120,7 +120,7 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
   logprobs and the same optimizer step (two micro-batches, truncated completions
   masked, each aggregation), on far fewer padding tokens."""
   cfg, params, pad, groups = rollout
-  packed_rl = dataclasses.replace(RL, pack_len=48, pack_min_rows=2)
+  packed_rl = dataclasses.replace(RL, pack=True, pack_len=48, pack_min_rows=2)
   plain, packed = (loop.build_batch(groups, rl, pad) for rl in (RL, packed_rl))
   assert packed["segment_bt"].max() > 2
   assert packed["tokens_bt"].size < plain["tokens_bt"].size
