@@ -53,6 +53,24 @@ def test_blockwise_matches_dense_forward_and_gradients(block_q, block_k):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+@pytest.mark.parametrize("block", [8, 13, 40])
+def test_causal_blocks_match_dense_forward_and_gradients(block):
+  """Dense attention per query block over the keys up to it (the decoder's dense form):
+  the reference's values and gradients, ragged last block included."""
+  q, k, v, seg = _inputs()
+  w = jnp.asarray(np.random.RandomState(2).randn(2, 40, 32), jnp.float32) * seg[..., None]
+  loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) * w)
+  blocks = lambda q, k, v: attention.causal_dense_attention(q, k, v, seg, block)
+  (l1, g1), (l0, g0) = (jax.value_and_grad(loss(f), argnums=(0, 1, 2))(q, k, v)
+                        for f in (blocks, lambda q, k, v: _dense(q, k, v, seg)))
+  real = np.asarray(seg) != 0
+  np.testing.assert_allclose(np.asarray(blocks(q, k, v))[real],
+                             np.asarray(_dense(q, k, v, seg))[real], atol=1e-5)
+  assert abs(float(l1) - float(l0)) < 1e-4
+  for a, b in zip(g1, g0):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
 def test_fused_attention_matches_dense_on_right_padded_rows():
   """jax.nn.dot_product_attention's masks (causal + per-row length) are ours for the
   learner's rows; checked through its XLA lowering (cuDNN's is the same call on GPU)."""

@@ -203,8 +203,7 @@ class Attention(nn.Module):
       elif chosen == "cudnn":
         out = attention.fused_attention(q, k, v, segment_bt, "cudnn")
       else:
-        out = attention.dense_attention(q, k, v, segment_bt, segment_bt, jnp.arange(t),
-                                        jnp.arange(t))
+        out = attention.causal_dense_attention(q, k, v, segment_bt)
     else:
       # The whole stack's cache rides in the scan carry and is updated in place
       # at [layer, :, index]; slicing per layer through scan outputs would copy it.
