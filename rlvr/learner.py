@@ -88,6 +88,14 @@ class LearnerConfig:
     if self.micro_batches < 1 or self.micro_batch_rows < 0:
       raise ValueError(f"micro_batches / micro_batch_rows: must be >= 1 / >= 0, got "
                        f"{self.micro_batches} / {self.micro_batch_rows}")
+    if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
+      raise ValueError(f"eps_low/eps_high: bad clip range {self.eps_low}/{self.eps_high}")
+    if self.dual_clip is not None and self.dual_clip <= 1:
+      raise ValueError(f"dual_clip: must be > 1, got {self.dual_clip}")
+    if self.tis_cap is not None and self.tis_cap <= 0:
+      raise ValueError(f"tis_cap: must be > 0, got {self.tis_cap}")
+    if not isinstance(self.lora, LoraConfig):
+      raise ValueError(f"lora: expected a rlvr.lora.LoraConfig, got {type(self.lora).__name__}")
 
   def micro_count(self, rows: int) -> int:
     """Micro-batches a batch of `rows` rows is split into."""
@@ -97,14 +105,6 @@ class LearnerConfig:
       raise ValueError(f"micro_batch_rows: a batch of {rows} rows does not split into "
                        f"micro-batches of {self.micro_batch_rows}")
     return rows // self.micro_batch_rows
-    if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
-      raise ValueError(f"eps_low/eps_high: bad clip range {self.eps_low}/{self.eps_high}")
-    if self.dual_clip is not None and self.dual_clip <= 1:
-      raise ValueError(f"dual_clip: must be > 1, got {self.dual_clip}")
-    if self.tis_cap is not None and self.tis_cap <= 0:
-      raise ValueError(f"tis_cap: must be > 0, got {self.tis_cap}")
-    if not isinstance(self.lora, LoraConfig):
-      raise ValueError(f"lora: expected a rlvr.lora.LoraConfig, got {type(self.lora).__name__}")
 
 
 @flax.struct.dataclass
@@ -293,8 +293,9 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
   """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned."""
   p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
   hidden = decoder.forward(p, batch.tokens_bt, config=model_cfg, segment_ids=batch.segment_bt,
-                           positions=batch.positions_bt, remat=cfg.remat, return_hidden=True, attention_impl=cfg.attention,
-                           remat_policy=cfg.remat_policy, scan_layers=cfg.scan_layers)
+                           positions=batch.positions_bt, remat=cfg.remat, return_hidden=True,
+                           attention_impl=cfg.attention, remat_policy=cfg.remat_policy,
+                           scan_layers=cfg.scan_layers)
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
   return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk,
                                          decoder.logits_matmul)
