@@ -149,6 +149,10 @@ def test_kl_and_masks_and_tis_run(tiny):
 def test_bad_learner_config_is_named():
   with pytest.raises(ValueError, match="aggregation"):
     learner.LearnerConfig(aggregation="mean")
+  for field, bad in (("micro_batch_rows", -1), ("eps_low", 1.5), ("dual_clip", 0.5),
+                     ("tis_cap", 0.0)):
+    with pytest.raises(ValueError, match=field):
+      learner.LearnerConfig(**{field: bad})
   with pytest.raises(ValueError, match="mesh axes"):
     sharding.make_mesh({"fsdp": 3})
 
