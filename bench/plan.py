@@ -150,8 +150,8 @@ def main(argv):
   print(f"{out['config']}: {out['model']} ({out['params_b']:.1f}B) on {out['devices']} devices "
         f"{out['mesh']}, {out['rows_per_step']} rows x {out['seq_len']} tokens, "
         f"{out['micro_batches']} micro-batches ({out['rows_per_device_per_micro_batch']:g} "
-        f"rows/device each), packed={out['packed']}, remat={out['remat']}, {out['compute_dtype']}, "
-        f"attention={out['attention']}")
+        f"rows/device each), packed={out['packed']}, remat={out['remat']}, "
+        f"{out['compute_dtype']}, attention={out['attention']}")
   for k, v in g.items():
     print(f"  {k:34s} {v:8.2f} GiB")
   lp = out["old_logprobs_gib_per_device"]

@@ -41,6 +41,11 @@ def masked_sum(x, mask, axis=None):
   return jnp.sum(jnp.where(mask, x, 0.0), axis=axis)
 
 
+def by_token(x: jax.Array) -> jax.Array:
+  """A per-row value [B] as [B, 1] (broadcasting over tokens); per-token [B, T] as is."""
+  return x if x.ndim == 2 else x[:, None]
+
+
 def _per_sequence(x_bt: jax.Array, sequences_bt: jax.Array | None) -> jax.Array:
   """Sums of x over each sequence: [B] per row, or with packed rows (`sequences_bt`, the
   sequence id of each token within its row) [B * T] per (row, id), most of them empty."""
@@ -102,7 +107,7 @@ def clipped_surrogate(logp_bt, old_logp_bt, adv_b, eps_low: float, eps_high: flo
   dual-clip (A < 0):  l_t = min(l_t, -c A)
   Returns (l_bt, ratio_bt).
   """
-  adv = (adv_b if adv_b.ndim == 2 else adv_b[:, None]).astype(jnp.float32)
+  adv = by_token(adv_b).astype(jnp.float32)
   ratio = jnp.exp(logp_bt.astype(jnp.float32) - old_logp_bt.astype(jnp.float32))
   loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
   if dual_clip is not None:
@@ -128,7 +133,7 @@ def policy_loss(logp_bt, old_logp_bt, adv, mask_bt, eps_low: float = 0.2,
   loss = aggregate(per_token, mask_bt, aggregation, normalizer, sequences_bt)
   mask = mask_bt.astype(bool)
   n = jnp.maximum(jnp.sum(mask), 1)
-  a = adv if adv.ndim == 2 else adv[:, None]
+  a = by_token(adv)
   frac = lambda cond: masked_sum(cond.astype(jnp.float32), mask) / n
   aux = {
       "clip_frac_low": frac((ratio < 1.0 - eps_low) & (a < 0)),

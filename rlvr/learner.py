@@ -132,6 +132,12 @@ class TrainBatch:
   def packed(self) -> bool:
     return self.positions_bt is not None
 
+  @property
+  def sequences_bt(self) -> jax.Array | None:
+    """Sequence ids within each row for per-sequence sums (`grpo.aggregate`): the
+    segment ids of a packed batch; None when every row is one sequence."""
+    return self.segment_bt if self.packed else None
+
 
 def first_fit(lengths, capacity: int) -> list[list[int]]:
   """Sequence indices per row, packing `lengths` into rows of `capacity` tokens by
@@ -304,8 +310,7 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
 def loss_mask(batch: TrainBatch, cfg: LearnerConfig) -> jax.Array:
   mask = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
   if cfg.mask_truncated and batch.truncated_b is not None:
-    truncated = batch.truncated_b.astype(bool)
-    mask = mask & ~(truncated if truncated.ndim == 2 else truncated[:, None])
+    mask = mask & ~grpo.by_token(batch.truncated_b.astype(bool))
   return mask
 
 
@@ -325,9 +330,9 @@ def micro_loss(params, ref_params, batch: TrainBatch, normalizer, model_cfg: Mod
     sums.update({k: v * tokens for k, v in mismatch.items()})
     if cfg.tis_cap is None:
       is_weight = None
-  sequences = batch.segment_bt if batch.packed else None
   loss, aux = grpo.policy_loss(logp, old, batch.advantages_b, mask, cfg.eps_low, cfg.eps_high,
-                               cfg.dual_clip, cfg.aggregation, normalizer, is_weight, sequences)
+                               cfg.dual_clip, cfg.aggregation, normalizer, is_weight,
+                               batch.sequences_bt)
   for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean"):
     sums[k] = aux[k] * tokens
   extrema = {"ratio_max": aux["ratio_max"], "ratio_min": aux["ratio_min"]}
@@ -337,7 +342,8 @@ def micro_loss(params, ref_params, batch: TrainBatch, normalizer, model_cfg: Mod
     ref_logp, _ = sequence_logprobs(ref_params, ref_batch, model_cfg, cfg)
     kl = grpo.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), cfg.kl_estimator)
     sums["kl"] = grpo.masked_sum(kl, mask)
-    loss = loss + cfg.kl_beta * grpo.aggregate(kl, mask, cfg.aggregation, normalizer, sequences)
+    loss = loss + cfg.kl_beta * grpo.aggregate(kl, mask, cfg.aggregation, normalizer,
+                                               batch.sequences_bt)
   return loss, (sums, extrema)
 
 
@@ -355,7 +361,7 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
   """One optimizer step on `batch` (pure; jitted by `make_update_fn`)."""
   counted = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
   normalizer = grpo.loss_normalizer(counted if cfg.normalize_all else loss_mask(batch, cfg),
-                                    cfg.aggregation, batch.segment_bt if batch.packed else None)
+                                    cfg.aggregation, batch.sequences_bt)
   loss_fn = micro_loss
   if cfg.lora.rank:
     # One dropout mask per step, shared by the micro-batches: 1 or k give the same step.

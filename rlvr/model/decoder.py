@@ -90,11 +90,15 @@ def dense(x, w):
   several contracting dims (batch and time) runs ~2x slower than the flat form.
   bf16 / f16 on CPU take `_lowp_matmul` (f32 accumulation, the fast kernels)."""
   x2, w2 = x.reshape(-1, x.shape[-1]), w.reshape(w.shape[0], -1)
-  if x.dtype in (jnp.bfloat16, jnp.float16) and jax.default_backend() == "cpu":
+  if _cpu_low_precision(x.dtype):
     y = _lowp_matmul(x2, w2)
   else:
     y = x2 @ w2
   return y.reshape(x.shape[:-1] + w.shape[1:])
+
+
+def _cpu_low_precision(dtype) -> bool:
+  return dtype in (jnp.bfloat16, jnp.float16) and jax.default_backend() == "cpu"
 
 
 def _acc32(a, b, contract):
@@ -141,7 +145,7 @@ _lowp_matmul.defvjp(_lowp_fwd, _lowp_bwd)
 def logits_matmul(x, w):
   """x[n, d] @ w[d, V] -> f32 logits; bf16 / f16 on CPU through `_lowp_matmul` (the
   backward dots in x's dtype with f32 accumulation, not f32 dots on upcast inputs)."""
-  if x.dtype in (jnp.bfloat16, jnp.float16) and jax.default_backend() == "cpu":
+  if _cpu_low_precision(x.dtype):
     return _lowp_matmul(x, w.astype(x.dtype), True)
   return jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
 
