@@ -13,8 +13,9 @@ import pytest
 
 from rlvr import model
 from rlvr.sampling import JaxSampler, SamplingParams
-from rlvr.sampling.vllm_sampler import (EngineDeadError, MalformedResponseError, SamplerError,
-                                        VLLMSampler, parse_completion_response)
+from rlvr.sampling.vllm_sampler import (EngineDeadError, MalformedResponseError,
+                                        RequestAbortedError, SamplerError, VLLMSampler,
+                                        parse_completion_response)
 from rlvr.sampling.vllm_server import ServerOptions, free_port, start_server
 
 _WIDTH = 96
@@ -122,6 +123,37 @@ def test_parse_reports_malformed_responses():
       parse_completion_response(body, 2 if "2 choices" in msg else 1, True, set(), None)
   with pytest.raises(MalformedResponseError, match="no 'choices'"):
     parse_completion_response("<html>502</html>", 1, True, set(), None)
+  # What a server shutting down sends for the requests it holds: retried, not malformed.
+  with pytest.raises(RequestAbortedError, match=r"choices\[0\]: request aborted"):
+    parse_completion_response({"choices": [dict(good["choices"][0], finish_reason="abort")]},
+                              1, True, set(), None)
+
+
+def test_requests_the_server_aborts_are_retried(client, vllm_server):
+  """The server drops what it holds (here its `/abort_requests` route; a shutdown does the
+  same): the client retries within its budget, and names the server once it is spent."""
+  _, cfg, _ = client
+  sp = SamplingParams(n=4, max_tokens=600, ignore_eos=True)
+  for retries in (1, 0):
+    sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
+                          model_name=vllm_server.options.served_model_name, retries=retries,
+                          backoff_s=0.1, request_timeout_s=120)
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+      fut = ex.submit(sampler.generate, [[5, 6, 7]], sp)
+      aborted = 0
+      while not aborted and not fut.done():  # until the request is in flight, then once
+        time.sleep(0.2)
+        aborted = sampler._session().post(vllm_server.url + "/abort_requests",
+                                          json={}).json()["aborted"]
+      assert aborted, "the request finished before it could be aborted"
+      if retries:
+        (group,) = fut.result(timeout=120)
+        assert [len(c.token_ids) for c in group] == [600] * 4
+      else:
+        with pytest.raises(SamplerError, match=f"vLLM server {vllm_server.url}: prompt 0: "
+                                               r"choices\[0\]: request aborted .* 1 tries"):
+          fut.result(timeout=120)
+    sampler.close()
 
 
 def _long_seeded_batch(sampler, cfg, n_prompts=8, length=300):
@@ -163,7 +195,8 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
   try:
     outs = _long_seeded_batch(sampler, cfg)
     assert all(len(g[0].token_ids) == 8 for g in outs)
-    # Killed mid-run: a clear error naming the server once the retry budget is spent.
+    # Killed mid-run: a clear error naming the server once the retry budget is spent
+    # (whether the dying server aborted the request or the connection went first).
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
       fut = ex.submit(sampler.generate, [[5, 6, 7]] * 4,
                       SamplingParams(n=8, max_tokens=900, ignore_eos=True))

@@ -45,6 +45,10 @@ class MalformedResponseError(SamplerError):
   """The server's answer lacks fields the client needs (names the field)."""
 
 
+class RequestAbortedError(SamplerError):
+  """The server dropped the request (finish_reason "abort", e.g. while shutting down)."""
+
+
 def parse_completion_response(body: Any, n: int, want_logprobs: bool,
                               stop_ids: set[int], version: int | None) -> list[Completion]:
   """Turns a `/v1/completions` JSON body into `n` Completions, or raises
@@ -77,7 +81,7 @@ def parse_completion_response(body: Any, n: int, want_logprobs: bool,
     if reason not in ("stop", "length", "abort"):
       raise MalformedResponseError(f"choices[{j}].finish_reason: unexpected {reason!r}")
     if reason == "abort":
-      raise SamplerError(f"choices[{j}]: request aborted by the server")
+      raise RequestAbortedError(f"choices[{j}]: request aborted by the server")
     out.append(Completion(token_ids=tuple(ids), logprobs=lps, text=c.get("text") or "",
                           finish_reason=reason, weight_version=version))
   return out
@@ -179,11 +183,19 @@ class VLLMSampler:
       payload["seed"] = sp.seed + i
     if sp.logprobs:
       payload["logprobs"] = 0
-    body = self._post(url, "/v1/completions", payload)
-    try:
-      return parse_completion_response(body, sp.n, sp.logprobs, set(sp.stop_token_ids), version)
-    except MalformedResponseError as e:
-      raise MalformedResponseError(f"vLLM server {url}: prompt {i}: {e}") from None
+    for attempt in range(self.retries + 1):
+      if attempt:
+        time.sleep(self.backoff_s * 2 ** (attempt - 1))
+      body = self._post(url, "/v1/completions", payload)
+      try:
+        return parse_completion_response(body, sp.n, sp.logprobs, set(sp.stop_token_ids),
+                                         version)
+      except RequestAbortedError as e:  # a server going down aborts what it holds: retry
+        aborted = e
+      except MalformedResponseError as e:
+        raise MalformedResponseError(f"vLLM server {url}: prompt {i}: {e}") from None
+    raise SamplerError(f"vLLM server {url}: prompt {i}: {aborted} on all "
+                       f"{self.retries + 1} tries")
 
   def generate(self, prompt_token_ids: Sequence[Sequence[int]],
                params: SamplingParams) -> list[list[Completion]]:
