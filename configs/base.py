@@ -40,8 +40,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.sampler.kind = "jax"                # "jax" (in-process) or "vllm" (servers at urls)
   c.sampler.urls = []                   # vLLM servers, each started (launch/serve_vllm.py) from
                                         # an untied copy of the policy
+  c.sampler.model = "policy"            # the servers' model name (serve_vllm --served_model_name)
   c.sampler.sync_dtype = "bfloat16"     # dtype of the weights pushed to vLLM
   c.sampler.max_concurrency = 64        # in-flight requests per process
+  c.sampler.request_timeout_s = 1800.0  # one request (n samples of one prompt); then retried
+  c.sampler.retries = 3                 # per request: refused / 5xx / aborted, backoff doubling
+  c.sampler.backoff_s = 1.0             # from backoff_s; then an error naming the server
   c.sampler.api_key = ""                # servers bound beyond loopback (serve_vllm --api_key);
                                         # default: the VLLM_API_KEY environment variable
 

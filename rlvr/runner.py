@@ -147,8 +147,10 @@ def make_sampler(run: Run, model_cfg, params):
   urls = [u.format(process=jax.process_index()) for u in c.urls]
   client = VLLMSampler(urls, model_config=model_cfg,
                        eos_token_id=run.tokenizer.eos_token_id, pad_token_id=run.pad_id,
-                       sync_dir=os.path.join(run.workdir, "weights"),
+                       sync_dir=os.path.join(run.workdir, "weights"), model_name=c.model,
                        max_concurrency=c.max_concurrency, sync_dtype=jnp.dtype(c.sync_dtype),
+                       request_timeout_s=c.request_timeout_s, retries=c.retries,
+                       backoff_s=c.backoff_s,
                        api_key=c.api_key or os.environ.get("VLLM_API_KEY") or None)
   client = ProcessSplitSampler(client) if jax.process_count() > 1 else client
   client.update_weights(params, version=0)

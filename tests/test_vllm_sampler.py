@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import json
+import os
+import re
+import subprocess
+import sys
 import time
 
 import jax
@@ -18,6 +23,7 @@ from rlvr.sampling.vllm_sampler import (EngineDeadError, MalformedResponseError,
                                         parse_completion_response)
 from rlvr.sampling.vllm_server import ServerOptions, free_port, start_server
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WIDTH = 96
 
 
@@ -156,6 +162,16 @@ def test_requests_the_server_aborts_are_retried(client, vllm_server):
     sampler.close()
 
 
+def test_bad_retry_settings_are_named(client):
+  _, cfg, _ = client
+  for kw, msg in ((dict(retries=-1), "retries: must be an int >= 0, got -1"),
+                  (dict(retries=1.5), "retries: must be an int >= 0, got 1.5"),
+                  (dict(request_timeout_s=0), "request_timeout_s: must be > 0, got 0"),
+                  (dict(backoff_s=-1.0), "backoff_s: must be >= 0, got -1.0")):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+      VLLMSampler("http://127.0.0.1:1", model_config=cfg, eos_token_id=0, **kw)
+
+
 def _long_seeded_batch(sampler, cfg, n_prompts=8, length=300):
   rng = np.random.RandomState(0)
   prompts = [[int(t) for t in rng.randint(3, cfg.vocab_size - 70, length)]
@@ -207,6 +223,41 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
   finally:
     good.stop()
     sampler.close()
+
+
+@pytest.mark.slow
+def test_launch_train_samples_from_the_server_and_syncs_it_every_step(client, vllm_server,
+                                                                     served_model_dir, tmp_path):
+  """`launch.train` with `sampler.kind=vllm` (what every paper config runs): SFT moves the
+  policy away from the served weights, the run pushes its weights at start-up and after
+  each RL step, and the server ends on the run's final policy (version = rl.steps)."""
+  sampler, cfg, served_params = client
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
+         f"--workdir={workdir}", f"--config.model.path={served_model_dir}",
+         "--config.sampler.kind=vllm", f"--config.sampler.urls={vllm_server.url}",
+         f"--config.sampler.model={vllm_server.options.served_model_name}",
+         "--config.sampler.sync_dtype=float32", "--config.sampler.retries=1",
+         "--config.sft.steps=20", "--config.sft.learner.total_steps=20",
+         "--config.sft.batch_size=8", "--config.data.arithmetic.n_sft=64",
+         "--config.data.arithmetic.n_train=32", "--config.data.arithmetic.n_heldout=8",
+         "--config.eval.sampling.n=2", "--config.rl.steps=2",
+         "--config.rl.loop.prompts_per_step=4", "--config.rl.loop.ppo_mini_batch_size=4",
+         "--config.rl.loop.dynamic_sampling=False", "--config.reward_workers=1"]
+  try:
+    out = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1] and all(r["tokens_per_s"] > 0 for r in rows)
+    info = sampler._session().get(vllm_server.url + "/weight_info").json()
+    assert info["weight_version"] == "2"
+    pcfg, policy = model.load_hf(str(workdir / "policy"))
+    outs = sampler.generate(PROMPTS, SamplingParams(n=2, max_tokens=8, logprobs=True))
+    assert _max_diff(outs, PROMPTS, policy, pcfg) <= 1e-3       # serves the final policy
+    assert _max_diff(outs, PROMPTS, served_params, cfg) > 1e-2  # not what it started with
+  finally:
+    sampler.update_weights(served_params, version=2)  # the session server is shared
 
 
 def _first_difference(a, b):

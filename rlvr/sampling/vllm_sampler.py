@@ -106,6 +106,12 @@ class VLLMSampler:
     self.urls = [urls] if isinstance(urls, str) else list(urls)
     if not self.urls:
       raise ValueError("urls: need at least one vLLM server URL")
+    for name, value, ok, need in (
+        ("request_timeout_s", request_timeout_s, request_timeout_s > 0, "> 0"),
+        ("retries", retries, isinstance(retries, int) and retries >= 0, "an int >= 0"),
+        ("backoff_s", backoff_s, backoff_s >= 0, ">= 0")):
+      if not ok:
+        raise ValueError(f"{name}: must be {need}, got {value!r}")
     self.model_config = model_config
     self.eos_token_id = eos_token_id
     self.pad_token_id = pad_token_id
