@@ -102,6 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 0                      # also evaluate every N RL steps (0 = before/after only)
+  c.eval.samples = False                # before/after RL: every response, eval_*/samples_*.jsonl
   c.eval.sampling = settings.section(evaluation.EvalConfig)
 
   c.checkpoint = {"every": 20, "keep": 3}

@@ -4,7 +4,8 @@ r"""pass@k / avg@n of a model on one or more eval sets, over sampling seeds.
   python -m launch.evaluate --model=workdir/tiny/policy \
       --data=data/math_aime_eval.jsonl --n=8 --seeds=0,1,2 --max_tokens=1024
 
-Writes eval.md (table), eval.csv, eval.json and pass_at_k.png into --workdir.
+Writes eval.md (table), eval.csv, eval.json, pass_at_k.png and samples_<set>.jsonl (every
+response with its reward) into --workdir.
 Samples in-process with JaxSampler, or from vLLM servers with --vllm_urls.
 """
 
@@ -30,6 +31,9 @@ flags.DEFINE_string("instruction", "Please reason step by step, and put your fin
                     "within \\boxed{}.", "Appended to each problem.")
 flags.DEFINE_bool("integer_answers", False, "AIME-style integer answer matching.")
 flags.DEFINE_list("vllm_urls", [], "Sample from these vLLM servers instead of in-process.")
+flags.DEFINE_string("vllm_model", "policy", "The model name the vLLM servers serve.")
+flags.DEFINE_bool("samples", True, "Also write every response, its reward and correctness to "
+                  "WORKDIR/samples_<set>.jsonl.")
 flags.DEFINE_integer("reward_workers", 2, "math-verify processes.")
 
 
@@ -56,7 +60,8 @@ def main(argv):
   tok = AutoTokenizer.from_pretrained(model_dir)
   if FLAGS.vllm_urls:
     from rlvr.sampling.vllm_sampler import VLLMSampler
-    sampler = VLLMSampler(FLAGS.vllm_urls, model_config=cfg, eos_token_id=tok.eos_token_id)
+    sampler = VLLMSampler(FLAGS.vllm_urls, model_config=cfg, eos_token_id=tok.eos_token_id,
+                          model_name=FLAGS.vllm_model)
   else:
     sampler = JaxSampler(cfg, params, tok)
   for path in FLAGS.data:
@@ -87,8 +92,10 @@ def main(argv):
     for name, exs in sets.items():
       prompts = [Prompt(tuple(data_lib.format_prompt(tok, e.problem, instruction)),
                         e.answer, e.problem, name) for e in exs]
+      samples = os.path.join(workdir, f"samples_{name}.jsonl") if FLAGS.samples else None
       results[name] = evaluation.evaluate_set(sampler, prompts, score, ecfg, progress=True,
-                                              context=cfg.max_position_embeddings)
+                                              context=cfg.max_position_embeddings,
+                                              samples_path=samples)
   report = evaluation.write_report(results, workdir, f"eval {model_dir}")
   print(open(report["markdown"]).read())
 

@@ -50,20 +50,42 @@ def fitting(prompts: Sequence[Prompt], max_tokens: int, context: int | None,
   return kept
 
 
+def sample_record(seed: int, index: int, group) -> dict:
+  """One problem's responses under one seed, as a line of samples_<set>.jsonl."""
+  return {"seed": seed, "index": index, "problem": group.prompt.text,
+          "answer": group.prompt.answer,
+          "responses": [{"text": c.text, "tokens": len(c.token_ids),
+                         "finish_reason": c.finish_reason, "reward": float(r),
+                         "correct": bool(ok)}
+                        for c, r, ok in zip(group.completions, group.rewards, group.correct)]}
+
+
 def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable, cfg: EvalConfig,
-                 progress: bool = False, context: int | None = None) -> dict:
+                 progress: bool = False, context: int | None = None,
+                 samples_path: str | None = None) -> dict:
   """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...],
   "skipped_too_long": count}.
 
   Each batch of prompts is one `rlvr.loop.rollout`, as in training. With the
   model's `context` (max positions), prompts that cannot fit prompt + max_tokens
-  are skipped and counted (`fitting`).
+  are skipped and counted (`fitting`). With `samples_path`, every response is written
+  there as it is scored (JSONL, one line per seed and problem: `sample_record`).
   """
   total = len(prompts)
-  prompts = fitting(prompts, cfg.max_tokens, context)
-  if not prompts:
+  kept = fitting(prompts, cfg.max_tokens, context)
+  if not kept:
     raise ValueError(f"evaluate_set: none of {total} prompts fits the model's context {context} "
                      f"with max_tokens {cfg.max_tokens}; lower max_tokens")
+  kept_ids = {id(p) for p in kept}
+  index = [i for i, p in enumerate(prompts) if id(p) in kept_ids]   # in the given set
+  if samples_path is not None:
+    os.makedirs(os.path.dirname(os.path.abspath(samples_path)), exist_ok=True)
+  with open(samples_path or os.devnull, "w") as samples:
+    return _evaluate(sampler, kept, index, score_fn, cfg, progress, samples, total)
+
+
+def _evaluate(sampler, prompts, index, score_fn, cfg: EvalConfig, progress: bool, samples,
+              total: int) -> dict:
   ks = metrics_lib.ks_up_to(cfg.n)
   per_seed = []
   for seed in cfg.seeds:
@@ -78,6 +100,8 @@ def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable
                           seed=seed * 100_003 + start)
       groups = rollout(sampler.generate, score_fn, prompts[start:start + cfg.batch_prompts], sp)
       counts += [int(g.correct.sum()) for g in groups]
+      for i, g in enumerate(groups, start):
+        samples.write(json.dumps(sample_record(seed, index[i], g)) + "\n")
     counts = np.asarray(counts)
     per_seed.append({
         "seed": seed,

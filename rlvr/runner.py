@@ -160,11 +160,17 @@ def make_sampler(run: Run, model_cfg, params):
 def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
   """pass@k of every eval set; with a tag, also a report under workdir/eval_<tag>."""
   ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
-  results = {name: evaluation.evaluate_set(sampler, prompts, score_fn, ecfg,
-                                           progress=tag is not None, context=run.context)
-             for name, prompts in run.eval_prompts.items()}
-  if tag is not None and distributed.is_writer():
-    evaluation.write_report(results, os.path.join(run.workdir, f"eval_{tag}"), f"eval {tag}")
+  outdir = os.path.join(run.workdir, f"eval_{tag}")
+  write = tag is not None and distributed.is_writer()
+  results = {}
+  for name, prompts in run.eval_prompts.items():
+    samples = (os.path.join(outdir, f"samples_{name}.jsonl")
+               if write and run.cfg.eval.samples else None)
+    results[name] = evaluation.evaluate_set(sampler, prompts, score_fn, ecfg,
+                                            progress=tag is not None, context=run.context,
+                                            samples_path=samples)
+  if write:
+    evaluation.write_report(results, outdir, f"eval {tag}")
     for name, r in results.items():   # one line per set, after the progress bars
       k = max(r["pass@k"], key=int)
       skipped = f", {r['skipped_too_long']} too long skipped" if r["skipped_too_long"] else ""

@@ -111,3 +111,21 @@ def arithmetic_score():
       res = pool.score(texts, golds, rc)
       return res.rewards, res.correct
     yield fn
+
+
+def _check_samples(path, result):
+  """The samples file `evaluate_set` wrote beside `result` holds n responses per problem
+  and seed, and per seed the correct counts the result reports."""
+  import json
+  rows = [json.loads(line) for line in open(path)]
+  assert len(rows) == result["problems"] * len(result["seeds"]), (path, len(rows))
+  assert all(len(r["responses"]) == result["n"] for r in rows), path
+  for s in result["per_seed"]:
+    mine = [sum(x["correct"] for x in r["responses"]) for r in rows if r["seed"] == s["seed"]]
+    assert mine == s["correct_counts"], (path, s["seed"], mine, s["correct_counts"])
+  return rows
+
+
+@pytest.fixture(scope="session")
+def check_samples():
+  return _check_samples

@@ -269,13 +269,18 @@ def test_sft_on_pairs_writes_a_model(made_tiny, tmp_path):
     assert (workdir / "model" / "model.safetensors").exists()
 
 
-def test_evaluate_a_model_on_the_shipped_eval_set(made_tiny, tmp_path):
+def test_evaluate_a_model_on_the_shipped_eval_set(made_tiny, tmp_path, check_samples):
   [command] = readme("python -m launch.evaluate --model=")
   out = run(argv(command, {"--model=DIR": f"--model={made_tiny[0]}"},
                  ["--limit=2", "--max_tokens=8", "--reward_workers=1",
                   f"--workdir={tmp_path}"]))
   report = json.loads((tmp_path / "eval.json").read_text())["math_aime_eval"]
   assert (report["problems"], report["n"], report["seeds"]) == (2, 8, [0, 1, 2])
+  rows = check_samples(tmp_path / "samples_math_aime_eval.jsonl", report)
+  shipped = [json.loads(l) for l in open(os.path.join(REPO, AIME))][:2]
+  assert [(r["problem"], r["answer"]) for r in rows[:2]] == [
+      (e["question"], e["ref_answer"]) for e in shipped]
+  assert all(0 < x["tokens"] <= 8 for r in rows for x in r["responses"])
   assert all(0.0 <= m <= 1.0 for m in report["pass@k"]["8"])
   assert "| math_aime_eval |" in out.stdout
   assert (tmp_path / "pass_at_k.png").exists()

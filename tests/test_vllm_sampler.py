@@ -226,11 +226,12 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_launch_train_samples_from_the_server_and_syncs_it_every_step(client, vllm_server,
-                                                                     served_model_dir, tmp_path):
+def test_launch_train_samples_from_the_server_and_syncs_it_every_step(
+    client, vllm_server, served_model_dir, tmp_path, check_samples):
   """`launch.train` with `sampler.kind=vllm` (what every paper config runs): SFT moves the
   policy away from the served weights, the run pushes its weights at start-up and after
-  each RL step, and the server ends on the run's final policy (version = rl.steps)."""
+  each RL step, and the server ends on the run's final policy (version = rl.steps).
+  Then `launch.evaluate --run` samples that policy from the server too."""
   sampler, cfg, served_params = client
   workdir = tmp_path / "run"
   cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
@@ -243,11 +244,15 @@ def test_launch_train_samples_from_the_server_and_syncs_it_every_step(client, vl
          "--config.data.arithmetic.n_train=32", "--config.data.arithmetic.n_heldout=8",
          "--config.eval.sampling.n=2", "--config.rl.steps=2",
          "--config.rl.loop.prompts_per_step=4", "--config.rl.loop.ppo_mini_batch_size=4",
-         "--config.rl.loop.dynamic_sampling=False", "--config.reward_workers=1"]
+         "--config.rl.loop.dynamic_sampling=False", "--config.reward_workers=1",
+         "--config.eval.samples=True"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   try:
-    out = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
+    for tag in ("before_rl", "after_rl"):
+      for name, result in json.load(open(workdir / f"eval_{tag}" / "eval.json")).items():
+        check_samples(workdir / f"eval_{tag}" / f"samples_{name}.jsonl", result)
     rows = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1] and all(r["tokens_per_s"] > 0 for r in rows)
     info = sampler._session().get(vllm_server.url + "/weight_info").json()
@@ -256,6 +261,15 @@ def test_launch_train_samples_from_the_server_and_syncs_it_every_step(client, vl
     outs = sampler.generate(PROMPTS, SamplingParams(n=2, max_tokens=8, logprobs=True))
     assert _max_diff(outs, PROMPTS, policy, pcfg) <= 1e-3       # serves the final policy
     assert _max_diff(outs, PROMPTS, served_params, cfg) > 1e-2  # not what it started with
+    again = subprocess.run(
+        [sys.executable, "-m", "launch.evaluate", f"--run={workdir}", "--limit=3",
+         f"--vllm_urls={vllm_server.url}",
+         f"--vllm_model={vllm_server.options.served_model_name}", "--reward_workers=1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (name, result), = json.load(open(workdir / "eval_again" / "eval.json")).items()
+    assert result["problems"] == 3
+    check_samples(workdir / "eval_again" / f"samples_{name}.jsonl", result)
   finally:
     sampler.update_weights(served_params, version=2)  # the session server is shared
 

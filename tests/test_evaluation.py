@@ -1,0 +1,47 @@
+"""evaluate_set's bookkeeping: prompts that do not fit, per-seed counts, the samples file."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from transformers import AutoTokenizer
+
+from rlvr import evaluation, model
+from rlvr.loop import Prompt
+from rlvr.sampling import JaxSampler
+
+
+def ends_even(texts, golds):
+  """A rule with mixed outcomes on a random policy: the response's length is even."""
+  del golds
+  r = np.array([float(len(t) % 2 == 0) for t in texts], np.float32)
+  return r, r > 0
+
+
+def test_prompts_too_long_are_skipped_and_the_samples_keep_set_indices(tiny_dirs, tmp_path,
+                                                                       check_samples):
+  cfg, params = model.load_hf(tiny_dirs["qwen2"])
+  sampler = JaxSampler(cfg, params, AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]))
+  context = 40
+  prompts = [Prompt((5, 6, 7), "1", "first"), Prompt(tuple(range(3, 40)), "2", "too long"),
+             Prompt((9, 10, 11, 12), "3", "third")]
+  ecfg = evaluation.EvalConfig(n=4, seeds=(0, 1), max_tokens=6, batch_prompts=1)
+  path = tmp_path / "out" / "samples_x.jsonl"
+  result = evaluation.evaluate_set(sampler, prompts, ends_even, ecfg, context=context,
+                                   samples_path=str(path))
+  assert (result["problems"], result["skipped_too_long"]) == (2, 1)
+  rows = check_samples(path, result)
+  assert [(r["seed"], r["index"], r["problem"], r["answer"]) for r in rows] == [
+      (0, 0, "first", "1"), (0, 2, "third", "3"), (1, 0, "first", "1"), (1, 2, "third", "3")]
+  for r in rows:
+    for x in r["responses"]:
+      assert x["reward"] == float(len(x["text"]) % 2 == 0) and x["correct"] == (x["reward"] > 0)
+      assert 0 < x["tokens"] <= 6 and x["finish_reason"] in ("stop", "length")
+  # The counts behind pass@k are the file's: avg@n per seed is its fraction correct.
+  for s in result["per_seed"]:
+    mine = [x["correct"] for r in rows if r["seed"] == s["seed"] for x in r["responses"]]
+    assert s["avg@4"] == np.mean(mine)
+  # Without a path nothing is written, and the numbers are the same (seeded sampling).
+  again = evaluation.evaluate_set(sampler, prompts, ends_even, ecfg, context=context)
+  assert json.dumps(again["per_seed"]) == json.dumps(result["per_seed"])
