@@ -43,9 +43,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.sampler.model = "policy"            # the servers' model name (serve_vllm --served_model_name)
   c.sampler.sync_dtype = "bfloat16"     # dtype of the weights pushed to vLLM
   c.sampler.max_concurrency = 64        # in-flight requests per process
-  c.sampler.request_timeout_s = 1800.0  # one request (n samples of one prompt); then retried
-  c.sampler.retries = 3                 # per request: refused / 5xx / aborted, backoff doubling
-  c.sampler.backoff_s = 1.0             # from backoff_s; then an error naming the server
+  c.sampler.request_timeout_s = 1800.0  # one try of a request (n samples of one prompt)
+  c.sampler.retries = 3                 # more tries of a timed-out/refused/5xx/aborted request
+  c.sampler.backoff_s = 1.0             # wait before the first retry, doubling after each
   c.sampler.api_key = ""                # servers bound beyond loopback (serve_vllm --api_key);
                                         # default: the VLLM_API_KEY environment variable
 

@@ -30,8 +30,10 @@ flags.DEFINE_integer("limit", 0, "Use the first N problems of each set (0 = all)
 flags.DEFINE_string("instruction", "Please reason step by step, and put your final answer "
                     "within \\boxed{}.", "Appended to each problem.")
 flags.DEFINE_bool("integer_answers", False, "AIME-style integer answer matching.")
-flags.DEFINE_list("vllm_urls", [], "Sample from these vLLM servers instead of in-process.")
-flags.DEFINE_string("vllm_model", "policy", "The model name the vLLM servers serve.")
+flags.DEFINE_list("vllm_urls", [], "Sample from these vLLM servers instead of in-process; "
+                  "they must already serve the model evaluated (nothing is pushed to them).")
+flags.DEFINE_string("vllm_model", "policy", "The model name the vLLM servers serve (default "
+                    "with --run: the run's sampler.model).")
 flags.DEFINE_bool("samples", True, "Also write every response, its reward and correctness to "
                   "WORKDIR/samples_<set>.jsonl.")
 flags.DEFINE_integer("reward_workers", 2, "math-verify processes.")
@@ -56,12 +58,19 @@ def main(argv):
   model_dir = FLAGS.model or (os.path.join(FLAGS.run, "policy") if FLAGS.run else None)
   if not model_dir:
     raise app.UsageError("give --model=HF_DIR or --run=WORKDIR")
+  pick = lambda name, run_value: (FLAGS[name].value if FLAGS[name].present or run_cfg is None
+                                  else run_value)
   cfg, params = model.load_hf(model_dir)
   tok = AutoTokenizer.from_pretrained(model_dir)
   if FLAGS.vllm_urls:
     from rlvr.sampling.vllm_sampler import VLLMSampler
-    sampler = VLLMSampler(FLAGS.vllm_urls, model_config=cfg, eos_token_id=tok.eos_token_id,
-                          model_name=FLAGS.vllm_model)
+    # With --run, the run's client settings: model name, key, timeout and retries.
+    client = dict(run_cfg.sampler) if run_cfg else {}
+    sampler = VLLMSampler(
+        FLAGS.vllm_urls, model_config=cfg, eos_token_id=tok.eos_token_id,
+        model_name=pick("vllm_model", client.get("model", FLAGS.vllm_model)),
+        api_key=client.get("api_key") or os.environ.get("VLLM_API_KEY") or None,
+        **{k: client[k] for k in ("request_timeout_s", "retries", "backoff_s") if k in client})
   else:
     sampler = JaxSampler(cfg, params, tok)
   for path in FLAGS.data:
@@ -73,8 +82,6 @@ def main(argv):
       exs = list(data_lib.read_dataset(path))
       sets[os.path.splitext(os.path.basename(path))[0]] = exs[:FLAGS.limit or None]
   run_eval = run_cfg.eval.sampling if run_cfg else {}
-  pick = lambda name, run_value: (FLAGS[name].value if FLAGS[name].present or run_cfg is None
-                                  else run_value)
   ecfg = evaluation.EvalConfig(
       n=pick("n", run_eval.get("n")),
       seeds=tuple(int(s) for s in pick("seeds", run_eval.get("seeds"))),

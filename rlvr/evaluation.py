@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -11,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlvr import metrics as metrics_lib
-from rlvr.loop import Prompt, rollout
+from rlvr.loop import Group, Prompt, rollout
 from rlvr.sampling.types import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def fitting(prompts: Sequence[Prompt], max_tokens: int, context: int | None,
   return kept
 
 
-def sample_record(seed: int, index: int, group) -> dict:
+def sample_record(seed: int, index: int, group: Group) -> dict:
   """One problem's responses under one seed, as a line of samples_<set>.jsonl."""
   return {"seed": seed, "index": index, "problem": group.prompt.text,
           "answer": group.prompt.answer,
@@ -58,6 +59,19 @@ def sample_record(seed: int, index: int, group) -> dict:
                          "finish_reason": c.finish_reason, "reward": float(r),
                          "correct": bool(ok)}
                         for c, r, ok in zip(group.completions, group.rewards, group.correct)]}
+
+
+@contextlib.contextmanager
+def _written_when_done(path: str | None):
+  """Yields a file open for writing (None for no path) that appears at `path` only if
+  the block ends without an error: a failed evaluation never leaves a partial file."""
+  if path is None:
+    yield None
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    yield f
+  os.replace(path + ".tmp", path)
 
 
 def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable, cfg: EvalConfig,
@@ -69,7 +83,7 @@ def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable
   Each batch of prompts is one `rlvr.loop.rollout`, as in training. With the
   model's `context` (max positions), prompts that cannot fit prompt + max_tokens
   are skipped and counted (`fitting`). With `samples_path`, every response is written
-  there as it is scored (JSONL, one line per seed and problem: `sample_record`).
+  there once the set is done (JSONL, one line per seed and problem: `sample_record`).
   """
   total = len(prompts)
   kept = fitting(prompts, cfg.max_tokens, context)
@@ -78,38 +92,34 @@ def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable
                      f"with max_tokens {cfg.max_tokens}; lower max_tokens")
   kept_ids = {id(p) for p in kept}
   index = [i for i, p in enumerate(prompts) if id(p) in kept_ids]   # in the given set
-  if samples_path is not None:
-    os.makedirs(os.path.dirname(os.path.abspath(samples_path)), exist_ok=True)
-  with open(samples_path or os.devnull, "w") as samples:
-    return _evaluate(sampler, kept, index, score_fn, cfg, progress, samples, total)
-
-
-def _evaluate(sampler, prompts, index, score_fn, cfg: EvalConfig, progress: bool, samples,
-              total: int) -> dict:
+  prompts = kept
   ks = metrics_lib.ks_up_to(cfg.n)
   per_seed = []
-  for seed in cfg.seeds:
-    counts = []
-    chunks = range(0, len(prompts), cfg.batch_prompts)
-    if progress:
-      from tqdm import tqdm
-      chunks = tqdm(chunks, desc=f"eval seed {seed}", unit="batch", leave=False)
-    for start in chunks:
-      sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                          repetition_penalty=cfg.repetition_penalty, max_tokens=cfg.max_tokens,
-                          seed=seed * 100_003 + start)
-      groups = rollout(sampler.generate, score_fn, prompts[start:start + cfg.batch_prompts], sp)
-      counts += [int(g.correct.sum()) for g in groups]
-      for i, g in enumerate(groups, start):
-        samples.write(json.dumps(sample_record(seed, index[i], g)) + "\n")
-    counts = np.asarray(counts)
-    per_seed.append({
-        "seed": seed,
-        "pass@k": {k: float(np.mean([metrics_lib.pass_at_k(cfg.n, int(c), k) for c in counts]))
-                   for k in ks},
-        f"avg@{cfg.n}": float(counts.mean() / cfg.n),
-        "correct_counts": counts.tolist(),
-    })
+  with _written_when_done(samples_path) as samples:
+    for seed in cfg.seeds:
+      counts = []
+      chunks = range(0, len(prompts), cfg.batch_prompts)
+      if progress:
+        from tqdm import tqdm
+        chunks = tqdm(chunks, desc=f"eval seed {seed}", unit="batch", leave=False)
+      for start in chunks:
+        sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
+                            top_k=cfg.top_k, repetition_penalty=cfg.repetition_penalty,
+                            max_tokens=cfg.max_tokens, seed=seed * 100_003 + start)
+        groups = rollout(sampler.generate, score_fn, prompts[start:start + cfg.batch_prompts],
+                         sp)
+        counts += [int(g.correct.sum()) for g in groups]
+        if samples is not None:
+          samples.writelines(json.dumps(sample_record(seed, index[i], g)) + "\n"
+                             for i, g in enumerate(groups, start))
+      counts = np.asarray(counts)
+      per_seed.append({
+          "seed": seed,
+          "pass@k": {k: float(np.mean([metrics_lib.pass_at_k(cfg.n, int(c), k)
+                                       for c in counts])) for k in ks},
+          f"avg@{cfg.n}": float(counts.mean() / cfg.n),
+          "correct_counts": counts.tolist(),
+      })
   agg = lambda xs: (float(np.mean(xs)), float(np.std(xs)))
   return {
       "n": cfg.n, "problems": len(prompts), "skipped_too_long": total - len(prompts),

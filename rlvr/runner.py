@@ -160,8 +160,8 @@ def make_sampler(run: Run, model_cfg, params):
 def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
   """pass@k of every eval set; with a tag, also a report under workdir/eval_<tag>."""
   ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
-  outdir = os.path.join(run.workdir, f"eval_{tag}")
   write = tag is not None and distributed.is_writer()
+  outdir = os.path.join(run.workdir, f"eval_{tag}") if write else None
   results = {}
   for name, prompts in run.eval_prompts.items():
     samples = (os.path.join(outdir, f"samples_{name}.jsonl")
@@ -269,6 +269,10 @@ def run(cfg) -> dict:
   if cfg.rl.loop.pack and lc.attention == "cudnn":
     raise ValueError("rl.loop.pack: packed rows (several sequences per row) need "
                      "rl.learner.attention auto|dense|blockwise; cudnn takes one per row")
+  if cfg.sampler.kind == "vllm":   # before SFT, not after it
+    from rlvr.sampling.vllm_sampler import check_retry_settings
+    check_retry_settings(cfg.sampler.request_timeout_s, cfg.sampler.retries,
+                         cfg.sampler.backoff_s, prefix="sampler.")
   split = lc.micro_batch_rows or lc.micro_batches
   if cfg.rl.loop.pack and cfg.rl.loop.pack_min_rows % split:
     raise ValueError(f"rl.loop.pack_min_rows: {cfg.rl.loop.pack_min_rows} packed rows do not "

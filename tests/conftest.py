@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -116,8 +117,8 @@ def arithmetic_score():
 def _check_samples(path, result):
   """The samples file `evaluate_set` wrote beside `result` holds n responses per problem
   and seed, and per seed the correct counts the result reports."""
-  import json
-  rows = [json.loads(line) for line in open(path)]
+  with open(path) as f:
+    rows = [json.loads(line) for line in f]
   assert len(rows) == result["problems"] * len(result["seeds"]), (path, len(rows))
   assert all(len(r["responses"]) == result["n"] for r in rows), path
   for s in result["per_seed"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from transformers import AutoTokenizer
 
 from rlvr import evaluation, model
@@ -19,10 +20,14 @@ def ends_even(texts, golds):
   return r, r > 0
 
 
-def test_prompts_too_long_are_skipped_and_the_samples_keep_set_indices(tiny_dirs, tmp_path,
-                                                                       check_samples):
+@pytest.fixture(scope="module")
+def sampler(tiny_dirs):
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
-  sampler = JaxSampler(cfg, params, AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]))
+  return JaxSampler(cfg, params, AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]))
+
+
+def test_prompts_too_long_are_skipped_and_the_samples_keep_set_indices(sampler, tmp_path,
+                                                                       check_samples):
   context = 40
   prompts = [Prompt((5, 6, 7), "1", "first"), Prompt(tuple(range(3, 40)), "2", "too long"),
              Prompt((9, 10, 11, 12), "3", "third")]
@@ -38,10 +43,34 @@ def test_prompts_too_long_are_skipped_and_the_samples_keep_set_indices(tiny_dirs
     for x in r["responses"]:
       assert x["reward"] == float(len(x["text"]) % 2 == 0) and x["correct"] == (x["reward"] > 0)
       assert 0 < x["tokens"] <= 6 and x["finish_reason"] in ("stop", "length")
+  outcomes = [x["correct"] for r in rows for x in r["responses"]]
+  assert any(outcomes) and not all(outcomes)   # the check above compared real counts
   # The counts behind pass@k are the file's: avg@n per seed is its fraction correct.
   for s in result["per_seed"]:
     mine = [x["correct"] for r in rows if r["seed"] == s["seed"] for x in r["responses"]]
-    assert s["avg@4"] == np.mean(mine)
+    assert s["avg@4"] == pytest.approx(np.mean(mine))
   # Without a path nothing is written, and the numbers are the same (seeded sampling).
   again = evaluation.evaluate_set(sampler, prompts, ends_even, ecfg, context=context)
   assert json.dumps(again["per_seed"]) == json.dumps(result["per_seed"])
+  assert sorted(p.name for p in tmp_path.rglob("*")) == ["out", "samples_x.jsonl"]
+
+
+def test_a_failed_evaluation_leaves_the_old_samples_file_as_it_was(sampler, tmp_path):
+  path = tmp_path / "samples_x.jsonl"
+  path.write_text("an earlier evaluation's samples\n")
+
+  batches = 0
+
+  def fails_on_the_second_batch(texts, golds):
+    nonlocal batches
+    batches += 1
+    if batches == 2:
+      raise RuntimeError("verifier down")
+    return ends_even(texts, golds)
+
+  ecfg = evaluation.EvalConfig(n=2, max_tokens=4, batch_prompts=1)
+  prompts = [Prompt((5, 6, 7), "1", "a"), Prompt((8, 9), "2", "b")]
+  with pytest.raises(RuntimeError, match="verifier down"):
+    evaluation.evaluate_set(sampler, prompts, fails_on_the_second_batch, ecfg,
+                            samples_path=str(path))
+  assert path.read_text() == "an earlier evaluation's samples\n"

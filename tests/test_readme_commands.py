@@ -277,7 +277,8 @@ def test_evaluate_a_model_on_the_shipped_eval_set(made_tiny, tmp_path, check_sam
   report = json.loads((tmp_path / "eval.json").read_text())["math_aime_eval"]
   assert (report["problems"], report["n"], report["seeds"]) == (2, 8, [0, 1, 2])
   rows = check_samples(tmp_path / "samples_math_aime_eval.jsonl", report)
-  shipped = [json.loads(l) for l in open(os.path.join(REPO, AIME))][:2]
+  with open(os.path.join(REPO, AIME)) as f:
+    shipped = [json.loads(next(f)) for _ in range(2)]
   assert [(r["problem"], r["answer"]) for r in rows[:2]] == [
       (e["question"], e["ref_answer"]) for e in shipped]
   assert all(0 < x["tokens"] <= 8 for r in rows for x in r["responses"])

@@ -130,46 +130,71 @@ def test_parse_reports_malformed_responses():
   with pytest.raises(MalformedResponseError, match="no 'choices'"):
     parse_completion_response("<html>502</html>", 1, True, set(), None)
   # What a server shutting down sends for the requests it holds: retried, not malformed.
-  with pytest.raises(RequestAbortedError, match=r"choices\[0\]: request aborted"):
-    parse_completion_response({"choices": [dict(good["choices"][0], finish_reason="abort")]},
-                              1, True, set(), None)
+  aborted = {"choices": [dict(good["choices"][0], finish_reason="abort")]}
+  for n in (1, 2):   # also when it comes back with fewer choices than asked for
+    with pytest.raises(RequestAbortedError, match=r"choices\[0\]: request aborted"):
+      parse_completion_response(aborted, n, True, set(), None)
+
+
+def _abort_in_flight(sampler, server, sp, tries=8):
+  """A future of `sampler.generate` whose request the server aborted (its `/abort_requests`
+  route, as a shutdown does). On the CPU build the server's HTTP side barely answers while
+  its engine decodes, so aborts are sent from the moment the request is: the first that
+  finds it in flight wins; if none does, the request is sent again, up to `tries` times."""
+  ex = concurrent.futures.ThreadPoolExecutor(1)
+  for _ in range(tries):
+    fut = ex.submit(sampler.generate, [[5, 6, 7]], sp)
+    while not fut.done():
+      if sampler._session().post(server.url + "/abort_requests", json={}).json()["aborted"]:
+        ex.shutdown(wait=False)
+        return fut
+      time.sleep(0.005)
+  pytest.fail(f"no abort reached the server while a request was in flight, in {tries} tries")
 
 
 def test_requests_the_server_aborts_are_retried(client, vllm_server):
-  """The server drops what it holds (here its `/abort_requests` route; a shutdown does the
-  same): the client retries within its budget, and names the server once it is spent."""
+  """The server drops what it holds: the client retries within its budget, and names the
+  server once it is spent."""
   _, cfg, _ = client
-  sp = SamplingParams(n=4, max_tokens=600, ignore_eos=True)
+  sp = SamplingParams(n=4, max_tokens=1000, ignore_eos=True)   # the server's max_model_len: 1024
   for retries in (1, 0):
     sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
                           model_name=vllm_server.options.served_model_name, retries=retries,
                           backoff_s=0.1, request_timeout_s=120)
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-      fut = ex.submit(sampler.generate, [[5, 6, 7]], sp)
-      aborted = 0
-      while not aborted and not fut.done():  # until the request is in flight, then once
-        time.sleep(0.2)
-        aborted = sampler._session().post(vllm_server.url + "/abort_requests",
-                                          json={}).json()["aborted"]
-      assert aborted, "the request finished before it could be aborted"
-      if retries:
+    try:
+      fut = _abort_in_flight(sampler, vllm_server, sp)
+      if retries:   # aborted, so these full-length completions come from a second try
         (group,) = fut.result(timeout=120)
-        assert [len(c.token_ids) for c in group] == [600] * 4
+        assert [len(c.token_ids) for c in group] == [sp.max_tokens] * 4
       else:
-        with pytest.raises(SamplerError, match=f"vLLM server {vllm_server.url}: prompt 0: "
-                                               r"choices\[0\]: request aborted .* 1 tries"):
+        with pytest.raises(RequestAbortedError,
+                           match=f"vLLM server {vllm_server.url}/v1/completions: request "
+                                 r"aborted by the server in all 1 attempts \(aborted; "):
           fut.result(timeout=120)
-    sampler.close()
+    finally:
+      sampler.close()
 
 
-def test_bad_retry_settings_are_named(client):
+def test_bad_retry_settings_are_named(client, tmp_path):
   _, cfg, _ = client
   for kw, msg in ((dict(retries=-1), "retries: must be an int >= 0, got -1"),
                   (dict(retries=1.5), "retries: must be an int >= 0, got 1.5"),
-                  (dict(request_timeout_s=0), "request_timeout_s: must be > 0, got 0"),
-                  (dict(backoff_s=-1.0), "backoff_s: must be >= 0, got -1.0")):
+                  (dict(retries=True), "retries: must be an int >= 0, got True"),
+                  (dict(request_timeout_s=0), "request_timeout_s: must be a number > 0, got 0"),
+                  (dict(request_timeout_s=None), "request_timeout_s: must be a number > 0"),
+                  (dict(backoff_s=-1.0), "backoff_s: must be a number >= 0, got -1.0")):
     with pytest.raises(ValueError, match=re.escape(msg)):
       VLLMSampler("http://127.0.0.1:1", model_config=cfg, eos_token_id=0, **kw)
+  # In a run: one line naming the config field, before SFT spends any time.
+  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
+         f"--workdir={tmp_path}", "--config.sampler.kind=vllm",
+         "--config.sampler.urls=http://127.0.0.1:1", "--config.sampler.backoff_s=-2.0"]
+  out = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+      "launch.train: sampler.backoff_s: must be a number >= 0, got -2.0 "
+      "(--verbose for the traceback)"], out.stderr[-2000:]
+  assert not (tmp_path / "sft").exists()
 
 
 def _long_seeded_batch(sampler, cfg, n_prompts=8, length=300):
@@ -257,6 +282,8 @@ def test_launch_train_samples_from_the_server_and_syncs_it_every_step(
     assert [r["step"] for r in rows] == [0, 1] and all(r["tokens_per_s"] > 0 for r in rows)
     info = sampler._session().get(vllm_server.url + "/weight_info").json()
     assert info["weight_version"] == "2"
+    # Pushed at start-up (v0) and after each step; the client keeps the newest two.
+    assert sorted(os.listdir(workdir / "weights")) == ["v1", "v2"]
     pcfg, policy = model.load_hf(str(workdir / "policy"))
     outs = sampler.generate(PROMPTS, SamplingParams(n=2, max_tokens=8, logprobs=True))
     assert _max_diff(outs, PROMPTS, policy, pcfg) <= 1e-3       # serves the final policy

@@ -23,7 +23,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import requests
@@ -56,6 +56,9 @@ def parse_completion_response(body: Any, n: int, want_logprobs: bool,
   if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
     raise MalformedResponseError(f"response has no 'choices' list: {str(body)[:200]}")
   choices = sorted(body["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+  for j, c in enumerate(choices):   # an aborted request may come back with fewer choices
+    if isinstance(c, dict) and c.get("finish_reason") == "abort":
+      raise RequestAbortedError(f"choices[{j}]: request aborted by the server")
   if len(choices) != n:
     raise MalformedResponseError(f"expected {n} choices, got {len(choices)}")
   out = []
@@ -78,13 +81,25 @@ def parse_completion_response(body: Any, n: int, want_logprobs: bool,
         raise MalformedResponseError(f"choices[{j}].logprobs.token_logprobs has non-numbers")
       lps = tuple(float(x) for x in lps)
     reason = c.get("finish_reason")
-    if reason not in ("stop", "length", "abort"):
+    if reason not in ("stop", "length"):
       raise MalformedResponseError(f"choices[{j}].finish_reason: unexpected {reason!r}")
-    if reason == "abort":
-      raise RequestAbortedError(f"choices[{j}]: request aborted by the server")
     out.append(Completion(token_ids=tuple(ids), logprobs=lps, text=c.get("text") or "",
                           finish_reason=reason, weight_version=version))
   return out
+
+
+def check_retry_settings(request_timeout_s: float, retries: int, backoff_s: float,
+                         prefix: str = "") -> None:
+  """Raises ValueError naming the first bad setting (`prefix` + its name)."""
+  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+  for name, value, ok, need in (
+      ("request_timeout_s", request_timeout_s, number(request_timeout_s)
+       and request_timeout_s > 0, "a number > 0"),
+      ("retries", retries, number(retries) and isinstance(retries, int) and retries >= 0,
+       "an int >= 0"),
+      ("backoff_s", backoff_s, number(backoff_s) and backoff_s >= 0, "a number >= 0")):
+    if not ok:
+      raise ValueError(f"{prefix}{name}: must be {need}, got {value!r}")
 
 
 def serve_policy_copy(path: str, model_config: ModelConfig, params, tokenizer=None,
@@ -106,12 +121,7 @@ class VLLMSampler:
     self.urls = [urls] if isinstance(urls, str) else list(urls)
     if not self.urls:
       raise ValueError("urls: need at least one vLLM server URL")
-    for name, value, ok, need in (
-        ("request_timeout_s", request_timeout_s, request_timeout_s > 0, "> 0"),
-        ("retries", retries, isinstance(retries, int) and retries >= 0, "an int >= 0"),
-        ("backoff_s", backoff_s, backoff_s >= 0, ">= 0")):
-      if not ok:
-        raise ValueError(f"{name}: must be {need}, got {value!r}")
+    check_retry_settings(request_timeout_s, retries, backoff_s)
     self.model_config = model_config
     self.eos_token_id = eos_token_id
     self.pad_token_id = pad_token_id
@@ -142,8 +152,11 @@ class VLLMSampler:
     except requests.RequestException as e:
       return False, f"/health: {type(e).__name__}"
 
-  def _post(self, url: str, route: str, payload: dict, timeout: float | None = None) -> Any:
-    """POST with retries; returns parsed JSON (or None for an empty body)."""
+  def _post(self, url: str, route: str, payload: dict, timeout: float | None = None,
+            parse: Callable[[Any], Any] | None = None) -> Any:
+    """POST with retries; returns the parsed JSON (None for an empty body), or what `parse`
+    makes of it. A request the server aborts (`parse` raising RequestAbortedError) is
+    retried like a refused one, within the same budget."""
     errors = []
     for attempt in range(self.retries + 1):
       if attempt:
@@ -159,20 +172,27 @@ class VLLMSampler:
         continue
       if r.status_code >= 400:  # our request is wrong: retrying will not help
         raise SamplerError(f"vLLM server {url}{route}: HTTP {r.status_code}: {r.text[:300]}")
-      if not r.content:
-        return None
       try:
-        return r.json()
+        body = r.json() if r.content else None
       except ValueError:
         raise MalformedResponseError(
             f"vLLM server {url}{route}: response is not JSON: {r.text[:200]!r}") from None
+      if parse is None:
+        return body
+      try:
+        return parse(body)
+      except RequestAbortedError:   # a server going down aborts what it holds
+        errors.append("aborted")
     _, why = self.health(url)
+    tries = f"{len(errors)} attempts ({', '.join(errors)}; {why})"
     if any(e.startswith("HTTP 5") for e in errors):
       # vLLM answers 5xx once its engine has died (and may then exit altogether).
-      raise EngineDeadError(f"vLLM server {url}{route}: engine dead or failing "
-                            f"({', '.join(errors)}; {why}); restart the server")
-    raise SamplerError(f"vLLM server {url}{route}: unreachable after {len(errors)} attempts "
-                       f"({', '.join(errors)}; {why})")
+      raise EngineDeadError(f"vLLM server {url}{route}: engine dead or failing after {tries}; "
+                            "restart the server")
+    if all(e == "aborted" for e in errors):
+      raise RequestAbortedError(f"vLLM server {url}{route}: request aborted by the server "
+                                f"in all {tries}")
+    raise SamplerError(f"vLLM server {url}{route}: unreachable after {tries}")
 
   # ---------------------------------------------------------------- sampling
   def _request(self, i: int, prompt: Sequence[int], sp: SamplingParams,
@@ -189,19 +209,14 @@ class VLLMSampler:
       payload["seed"] = sp.seed + i
     if sp.logprobs:
       payload["logprobs"] = 0
-    for attempt in range(self.retries + 1):
-      if attempt:
-        time.sleep(self.backoff_s * 2 ** (attempt - 1))
-      body = self._post(url, "/v1/completions", payload)
+
+    def parse(body):
       try:
         return parse_completion_response(body, sp.n, sp.logprobs, set(sp.stop_token_ids),
                                          version)
-      except RequestAbortedError as e:  # a server going down aborts what it holds: retry
-        aborted = e
       except MalformedResponseError as e:
         raise MalformedResponseError(f"vLLM server {url}: prompt {i}: {e}") from None
-    raise SamplerError(f"vLLM server {url}: prompt {i}: {aborted} on all "
-                       f"{self.retries + 1} tries")
+    return self._post(url, "/v1/completions", payload, parse=parse)
 
   def generate(self, prompt_token_ids: Sequence[Sequence[int]],
                params: SamplingParams) -> list[list[Completion]]:
