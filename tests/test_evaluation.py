@@ -12,12 +12,7 @@ from rlvr import evaluation, model
 from rlvr.loop import Prompt
 from rlvr.sampling import JaxSampler
 
-
-def ends_even(texts, golds):
-  """A rule with mixed outcomes on a random policy: the response's length is even."""
-  del golds
-  r = np.array([float(len(t) % 2 == 0) for t in texts], np.float32)
-  return r, r > 0
+from rules import even_length
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +28,7 @@ def test_prompts_too_long_are_skipped_and_the_samples_keep_set_indices(sampler, 
              Prompt((9, 10, 11, 12), "3", "third")]
   ecfg = evaluation.EvalConfig(n=4, seeds=(0, 1), max_tokens=6, batch_prompts=1)
   path = tmp_path / "out" / "samples_x.jsonl"
-  result = evaluation.evaluate_set(sampler, prompts, ends_even, ecfg, context=context,
+  result = evaluation.evaluate_set(sampler, prompts, even_length, ecfg, context=context,
                                    samples_path=str(path))
   assert (result["problems"], result["skipped_too_long"]) == (2, 1)
   rows = check_samples(path, result)
@@ -50,7 +45,7 @@ def test_prompts_too_long_are_skipped_and_the_samples_keep_set_indices(sampler, 
     mine = [x["correct"] for r in rows if r["seed"] == s["seed"] for x in r["responses"]]
     assert s["avg@4"] == pytest.approx(np.mean(mine))
   # Without a path nothing is written, and the numbers are the same (seeded sampling).
-  again = evaluation.evaluate_set(sampler, prompts, ends_even, ecfg, context=context)
+  again = evaluation.evaluate_set(sampler, prompts, even_length, ecfg, context=context)
   assert json.dumps(again["per_seed"]) == json.dumps(result["per_seed"])
   assert sorted(p.name for p in tmp_path.rglob("*")) == ["out", "samples_x.jsonl"]
 
@@ -66,7 +61,7 @@ def test_a_failed_evaluation_leaves_the_old_samples_file_as_it_was(sampler, tmp_
     batches += 1
     if batches == 2:
       raise RuntimeError("verifier down")
-    return ends_even(texts, golds)
+    return even_length(texts, golds)
 
   ecfg = evaluation.EvalConfig(n=2, max_tokens=4, batch_prompts=1)
   prompts = [Prompt((5, 6, 7), "1", "a"), Prompt((8, 9), "2", "b")]

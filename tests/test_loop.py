@@ -20,14 +20,9 @@ from rlvr import loop, model
 from rlvr.methods import plain
 from rlvr.sampling import JaxSampler
 
+from rules import even_length
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def first_token_even(texts, golds):
-  """A rule-based verifiable reward with ~50% success on a random policy."""
-  del golds
-  r = np.array([float(len(t) % 2 == 0) for t in texts], np.float32)
-  return r, r > 0
 
 
 def always_right(texts, golds):
@@ -67,7 +62,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   cfg, params, tok = tiny
   sampler = JaxSampler(cfg, params, tok)
   draw, state = _draw()
-  kept, sampled, rounds = loop.gather_groups(_env(sampler, tok, first_token_even), draw, step=0)
+  kept, sampled, rounds = loop.gather_groups(_env(sampler, tok, even_length), draw, step=0)
   assert len(kept) == RL.prompts_per_step
   assert all(g.mixed for g in kept)
   assert len(sampled) == state["i"] >= len(kept)
@@ -100,7 +95,7 @@ def test_one_step_with_jax_sampler_updates_and_syncs(tiny, one_device_learner):
   state, update, to_batch = one_device_learner(cfg, params, 1e-3)
   sampler = JaxSampler(cfg, params, tok)
   state, m = loop.rl_step(state, update, plain.Plain(PROMPTS, seed=0),
-                          _env(sampler, tok, first_token_even), 0, to_batch)
+                          _env(sampler, tok, even_length), 0, to_batch)
   assert int(state.step) == 1 and sampler.version == 1
   assert sampler._params is state.params
   for key in ("reward_mean", "accuracy", "solve_all", "solve_none", "entropy",
@@ -121,7 +116,7 @@ def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir,
                         sync_dir=str(tmp_path / "sync"))
   try:
     state, m = loop.rl_step(state, update, plain.Plain(PROMPTS, seed=0),
-                            _env(sampler, tok, first_token_even), 0, to_batch)
+                            _env(sampler, tok, even_length), 0, to_batch)
     assert sampler.version == 1 and m["groups_kept"] == 4
     assert m["mismatch_abs"] < 1e-3  # vLLM's logprobs vs the learner's, before the update
     info = sampler._session().get(vllm_server.url + "/weight_info").json()

@@ -20,6 +20,8 @@ from rlvr.sampling import JaxSampler
 from synthesis import svs
 from synthesis.composition import CurriculumConfig
 
+from rules import even_length
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # Recorded with the code before the methods seam (rl_step / svs_step of commit fcf1da2)
@@ -29,12 +31,6 @@ BEFORE = os.path.join(TESTS, "data", "method_steps_before_seam.json")
 # The recorded runs used population-std advantages (ddof 0) and this synthesis prompt, which
 # issue 11 changed (verl's unbiased std; no instruction to hide the answer).
 PROMPT_BEFORE = os.path.join(TESTS, "data", "svs_synthesis_prompt_before.txt")
-
-
-def first_token_even(texts, golds):
-  del golds
-  r = np.array([float(len(t) % 2 == 0) for t in texts], np.float32)
-  return r, r > 0
 
 
 def one_in_three(texts, golds):
@@ -91,7 +87,7 @@ def test_plain_grpo_metrics_match_the_recorded_run(tiny_dirs, one_device_learner
                      max_extra_rounds=2, adv_std_ddof=0)
   method = plain.Plain(_prompts(64, 3), seed=0)
   method.pool = Sequential(method.pool.prompts)
-  after = run_steps(one_device_learner, tiny_dirs["qwen2"], method, rl, first_token_even)
+  after = run_steps(one_device_learner, tiny_dirs["qwen2"], method, rl, even_length)
   _same(before, after)
   assert [r["skipped_update"] for r in after] == [0, 0, 0]
 
@@ -138,7 +134,7 @@ def test_composition_trains_depth_by_depth_and_resumes_at_the_same_depth(tiny_di
 
   def score(texts, golds):
     drawn.append(set(golds))
-    return first_token_even(texts, golds)
+    return even_length(texts, golds)
 
   train = [loop.Prompt(tuple(range(5 + i, 8 + i)), f"d{d}", source=f"composed-d{d}")
            for d in (1, 2) for i in range(0, 60, 3)]

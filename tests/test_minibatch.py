@@ -14,14 +14,10 @@ from transformers import AutoTokenizer
 from rlvr import learner, loop, model
 from rlvr.sampling import JaxSampler
 
+from rules import even_length
+
 RL = loop.RLConfig(prompts_per_step=8, group_size=4, max_prompt_len=8, max_response_len=8)
 LR = 3e-2   # large, so that later mini-batches move the ratio past the clip range
-
-
-def half_even(texts, golds):
-  del golds
-  r = np.array([float(len(t) % 2 == 0) for t in texts], np.float32)
-  return r, r > 0
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +25,7 @@ def rollout(tiny_dirs):
   """Eight mixed groups sampled from the tiny model, and what the learner needs."""
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
-  env = loop.StepEnv(JaxSampler(cfg, params, tok), half_even, rl=RL, pad_id=tok.pad_token_id,
+  env = loop.StepEnv(JaxSampler(cfg, params, tok), even_length, rl=RL, pad_id=tok.pad_token_id,
                      encode=tok.encode, encode_task=tok.encode)
   prompts = [loop.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
   it = iter(prompts)
