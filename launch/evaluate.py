@@ -69,7 +69,7 @@ def main(argv):
     sampler = VLLMSampler(
         FLAGS.vllm_urls, model_config=cfg, eos_token_id=tok.eos_token_id,
         model_name=pick("vllm_model", client.get("model", FLAGS.vllm_model)),
-        api_key=client.get("api_key") or os.environ.get("VLLM_API_KEY") or None,
+        api_key=client.get("api_key") or None,   # default: $VLLM_API_KEY
         **{k: client[k] for k in ("request_timeout_s", "retries", "backoff_s") if k in client})
   else:
     sampler = JaxSampler(cfg, params, tok)

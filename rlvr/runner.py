@@ -151,7 +151,7 @@ def make_sampler(run: Run, model_cfg, params):
                        max_concurrency=c.max_concurrency, sync_dtype=jnp.dtype(c.sync_dtype),
                        request_timeout_s=c.request_timeout_s, retries=c.retries,
                        backoff_s=c.backoff_s,
-                       api_key=c.api_key or os.environ.get("VLLM_API_KEY") or None)
+                       api_key=c.api_key or None)   # default: $VLLM_API_KEY
   client = ProcessSplitSampler(client) if jax.process_count() > 1 else client
   client.update_weights(params, version=0)
   return client

@@ -133,6 +133,7 @@ class VLLMSampler:
     self.sync_dtype = sync_dtype
     self.keep_versions = keep_versions
     self.version: int | None = None
+    api_key = api_key or os.environ.get("VLLM_API_KEY")   # what serve_vllm --api_key set
     self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     self._lock = threading.Lock()
     self._pool = concurrent.futures.ThreadPoolExecutor(max_concurrency,
