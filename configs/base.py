@@ -5,16 +5,17 @@ Sections that configure a library dataclass are built from it
 can be overridden from the command line on every config
 (`--config.rl.learner.micro_batches=4`); a mistyped key is an error naming it.
 Experiment configs start from `get_config()` (or `paper()`) and override single
-fields. Numbers: METHODS.md "GRPO as used by all three" (SvS public settings).
+fields. Numbers: docs/methods.md#grpo-settings (SvS public settings).
 """
 
 import os
 
 import ml_collections
 
-from rlvr import evaluation, learner, loop, settings, shaping
+from rlvr import datasets, experiment, learner, loop, settings, shaping
 from rlvr.methods import qbq as qbq_method
 from rlvr.rewards import RewardConfig
+from rlvr.sampling.config import SamplerConfig
 from synthesis import composition, svs
 
 # The MATH-500 + AIME 2024 + AIME 2025 eval set, shipped in the repo (data/README.md).
@@ -31,66 +32,20 @@ def get_config() -> ml_collections.ConfigDict:
   c.export_hf = True                    # write the final policy as an HF dir (workdir/policy)
   c.reward_workers = 8                  # math-verify processes
 
-  c.model = ml_collections.ConfigDict()
-  c.model.path = ""                     # HF dir of the policy; "" = build a tiny random model
-  c.model.cache_dir = "~/.cache/rlvr"   # where tiny models are cached
-  c.model.tiny = {}                     # make_tiny overrides when model.path is ""
-
-  c.sampler = ml_collections.ConfigDict()
-  c.sampler.kind = "jax"                # "jax" (in-process) or "vllm" (servers at urls)
-  c.sampler.urls = []                   # vLLM servers, each started (launch/serve_vllm.py) from
-                                        # an untied copy of the policy
-  c.sampler.model = "policy"            # the servers' model name (serve_vllm --served_model_name)
-  c.sampler.sync_dtype = "bfloat16"     # dtype of the weights pushed to vLLM
-  c.sampler.max_concurrency = 64        # in-flight requests per process
-  c.sampler.request_timeout_s = 1800.0  # one try of a request (n samples of one prompt)
-  c.sampler.retries = 3                 # more tries of a timed-out/refused/5xx/aborted request
-  c.sampler.backoff_s = 1.0             # wait before the first retry, doubling after each
-  c.sampler.api_key = ""                # servers bound beyond loopback (serve_vllm --api_key);
-                                        # default: the VLLM_API_KEY environment variable
-
-  c.data = ml_collections.ConfigDict()
-  c.data.kind = "files"                 # "files" or "arithmetic" (procedural)
-  c.data.instruction = "Please reason step by step, and put your final answer within \\boxed{}."
-  c.data.arithmetic = {                 # the procedural task (data.kind = "arithmetic")
-      "difficulty": 1,                  # 1 = 2 operations
-      "max_operand": 20,                # operands 0..max_operand
-      "n_sft": 0,                       # worked solutions seen by SFT
-      "n_train": 0,                     # answer-only problems for RL
-      "n_heldout": 0,                   # fixed held-out split
-      "inverse_pairs": False,           # also teach solution -> problem (SvS synthesis)
-      "sft_difficulties": (),           # n_sft more worked solutions at each of these
-                                        # difficulties (RL and eval stay at `difficulty`)
-      "depths": (1,),                   # composed problems of these depths (rlvr.tasks.composed,
-                                        # Composition-RL); the sizes above are per depth
-      "pool_size": 20,                  # surrogate pool per position 1..K-1
-  }
-  c.data.train_path = ""                # parquet (verl) / jsonl / json
-  c.data.extra_train_paths = []         # more training files, appended (e.g. composed depth-2
-                                        # and depth-3 sets for method="composition")
-  c.data.eval_paths = []                # evaluated before and after RL
-  c.data.sft_path = ""                  # rows with a `solution` for the SFT warm start
-  c.data.problem_field = ""             # "" = auto (problem/question/prompt)
-  c.data.answer_field = ""              # "" = auto (answer/ref_answer/ground_truth)
-  c.data.on_bad_row = "skip"            # or "error"
-
-  c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 0                       # 0 = no SFT warm start
-  c.sft.batch_size = 64
-  c.sft.learner = settings.section(     # rlvr.learner.LearnerConfig, SFT's own defaults;
-      learner.LearnerConfig, learning_rate=1e-5, weight_decay=0.0, dual_clip=None)
-                                        # .lora.rank > 0: LoRA adapters on the frozen model,
-                                        # exported merged (rlvr.lora; QbQ M0: rank 32)
+  c.model = settings.section(experiment.ModelSource)     # policy: HF dir, or a tiny random one
+  c.sampler = settings.section(SamplerConfig)            # in-process JAX or vLLM servers
+  c.data = settings.section(datasets.DataConfig)         # files or the procedural task
+  c.sft = settings.section(experiment.SFTConfig)         # the warm start (steps 0 = none);
+                                                         # sft.learner: SFT's own optimizer
 
   c.method = "rlvr"                     # "rlvr" (plain GRPO), "svs" (online synthesis),
                                         # "composition" (depth curriculum), "qbq"
                                         # (rounds of variants, SelectRL), or
                                         # "package.module:factory" (rlvr/methods/__init__.py)
-  c.svs = settings.section(svs.SvSConfig)   # synthesis.svs.SvSConfig (METHODS.md "SvS")
+  c.svs = settings.section(svs.SvSConfig)   # synthesis.svs.SvSConfig (docs/methods.md#svs)
   c.composition = settings.section(     # synthesis.composition.CurriculumConfig: depth stages
       composition.CurriculumConfig)
   c.qbq = settings.section(qbq_method.QbQConfig)   # rounds, bands, teacher, SelectRL (QbQ)
-  c.svs_template = "default"            # synthesis prompt: "default", "arithmetic" or a file path
 
   c.rl = ml_collections.ConfigDict()
   c.rl.steps = 500
@@ -100,12 +55,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.reward = settings.section(RewardConfig)        # verifier: answer extraction and matching
   c.shaping = settings.section(shaping.ShapingConfig)   # format bonus, DAPO overlong penalty
 
-  c.eval = ml_collections.ConfigDict()
-  c.eval.every = 0                      # also evaluate every N RL steps (0 = before/after only)
-  c.eval.samples = False                # before/after RL: every response, eval_*/samples_*.jsonl
-  c.eval.sampling = settings.section(evaluation.EvalConfig)
-
-  c.checkpoint = {"every": 20, "keep": 3}
+  c.eval = settings.section(experiment.EvalSection)      # before / after RL, every N steps
+  c.checkpoint = settings.section(experiment.CheckpointConfig)
   return c
 
 
@@ -123,7 +74,7 @@ def paper(name: str, *, steps: int, method: str = "rlvr", integer_answers: bool 
   12.5%..62.5% (ablations: configs/svs_ablations.py); the originals are sampled
   once per step and only their mixed groups kept (refill_originals=False), as in
   the authors' verl loop, where a step's batch is not topped up by extra rounds.
-  All from METHODS.md.
+  All in docs/methods.md (#grpo-settings, #svs).
   Model and training-data paths are left for flags; nothing is downloaded.
   """
   c = get_config()

@@ -1,6 +1,6 @@
 """Composition-RL across domains on Qwen3-4B-Base: q1 from physics (MegaScience, filtered
 to the ~8.2K prompts math-verify judges reliably), q2 from MATH-12k, answer the math
-one (METHODS.md "Composition-RL", cross-domain; seed 002, Table 2).
+one (docs/methods.md#composition-rl-settings; the paper's Table 2).
 
 Plain GRPO with Composition-RL's settings on the composed set (paper:
 Physics-MATH-Composition-141K), same number of updates as its baselines.

@@ -1,5 +1,6 @@
 """Composition-RL's depth curriculum on Qwen3-4B-Base: MATH-12k, then depth-2, then depth-3
-compositions (METHODS.md "Composition-RL"; seed 002, Table 1 rows "Depth 1 + 2", "+ Depth 3").
+compositions (docs/methods.md#depth-curriculum; the paper's Table 1 rows "Depth 1 + 2",
+"+ Depth 3").
 
 GRPO exactly as the baseline (configs/rlvr_math12k_qwen3_4b.py: lr 1e-6, G 8, 256
 prompts, dynamic sampling, 16K responses, eval at temperature 0.6 / top_p 0.95 /

@@ -1,6 +1,6 @@
 """QbQ on AIME as the paper ran it: Qwen2.5-Math-7B, 20 rounds of 150 GRPO steps.
 
-METHODS.md "QbQ" and the paper's Table 3 (seed 003): solve counts of k = 16 samples
+docs/methods.md#qbq-settings and the paper's Table 3: solve counts of k = 16 samples
 (temperature 0.7, top_p 0.8, top_k 20, repetition penalty 1.05, 3,072 tokens); seeds
 from the mostly-right band 8..15; 3 operators per seed; SelectRL with N = 300; per
 round one pass of 150 steps x 2 problems, m = 8 completions at temperature 1.0,

@@ -1,7 +1,7 @@
 """Qwen3-4B-Base on MATH-12k, plain GRPO as Composition-RL ran its baseline.
 
-Composition-RL (METHODS.md; seed 002): GRPO with dynamic sampling (groups refilled
-to 256 per step), lr 1e-6, G = 8, token-mean loss, 16K response tokens; evaluation
+Composition-RL (docs/methods.md#composition-rl-settings): GRPO with dynamic sampling
+(groups refilled to 256 per step), lr 1e-6, G = 8, token-mean loss, 16K response tokens; evaluation
 at temperature 0.6, top_p 0.95, top_k 20, avg@32. The rest is `configs.base.paper`.
 The composed runs on the same model: configs/composition_math12k_qwen3_4b.py.
 

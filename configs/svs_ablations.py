@@ -1,5 +1,5 @@
-"""SvS ablations of Table 3 (METHODS.md), as the paper ran them: Qwen2.5-32B-Instruct on
-DAPO-17k (configs/svs_dapo17k_qwen25_32b.py), one setting changed each.
+"""SvS ablations of the paper's Table 3 (docs/methods.md#ablations), as the paper ran them:
+Qwen2.5-32B-Instruct on DAPO-17k (configs/svs_dapo17k_qwen25_32b.py), one setting changed each.
 
   python -m launch.train --config=configs/svs_ablations.py:asp    # + model/data/server flags
   names: asp (underperforming 37.5%..75%), eup (second rollout on underperforming problems,

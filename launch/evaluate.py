@@ -9,6 +9,8 @@ response with its reward) into --workdir.
 Samples in-process with JaxSampler, or from vLLM servers with --vllm_urls.
 """
 
+import dataclasses
+
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
@@ -19,16 +21,32 @@ flags.DEFINE_string("model", None, "HF model directory (default with --run: RUN/
 flags.DEFINE_list("data", [], "Eval sets (parquet/jsonl/json); 'arithmetic' = the procedural "
                   "held-out split.")
 flags.DEFINE_string("workdir", "workdir/eval", "Output directory.")
-flags.DEFINE_integer("n", 8, "Samples per problem (pass@k for k = 1, 2, 4, ... <= n).")
-flags.DEFINE_list("seeds", ["0"], "Sampling seeds; the report gives mean and std over them.")
-flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
-flags.DEFINE_float("top_p", 1.0, "Nucleus sampling.")
-flags.DEFINE_integer("top_k", 0, "Top-k sampling (0 = off).")
-flags.DEFINE_float("repetition_penalty", 1.0, "vLLM / HF repetition penalty (1 = off).")
-flags.DEFINE_integer("max_tokens", 1024, "Response length limit.")
+_EVAL_HELP = {   # the sampling flags: one per rlvr.evaluation.EvalConfig field, its default
+    "n": "Samples per problem (pass@k for k = 1, 2, 4, ... <= n).",
+    "seeds": "Sampling seeds; the report gives mean and std over them.",
+    "temperature": "Sampling temperature.",
+    "top_p": "Nucleus sampling.",
+    "top_k": "Top-k sampling (0 = off).",
+    "repetition_penalty": "vLLM / HF repetition penalty (1 = off).",
+    "max_tokens": "Response length limit.",
+    "batch_prompts": "Prompts per generate call.",
+}
+
+
+def _define_eval_flags() -> None:
+  from rlvr.evaluation import EvalConfig
+  for f in dataclasses.fields(EvalConfig):
+    define = {int: flags.DEFINE_integer, float: flags.DEFINE_float}.get(type(f.default))
+    if isinstance(f.default, tuple):
+      flags.DEFINE_list(f.name, [str(v) for v in f.default], _EVAL_HELP[f.name])
+    else:
+      define(f.name, f.default, _EVAL_HELP[f.name])
+
+
+_define_eval_flags()
 flags.DEFINE_integer("limit", 0, "Use the first N problems of each set (0 = all).")
-flags.DEFINE_string("instruction", "Please reason step by step, and put your final answer "
-                    "within \\boxed{}.", "Appended to each problem.")
+flags.DEFINE_string("instruction", None, "Appended to each problem (default: the run's, else "
+                    "rlvr.data.DEFAULT_INSTRUCTION).")
 flags.DEFINE_bool("integer_answers", False, "AIME-style integer answer matching.")
 flags.DEFINE_list("vllm_urls", [], "Sample from these vLLM servers instead of in-process; "
                   "they must already serve the model evaluated (nothing is pushed to them).")
@@ -58,6 +76,11 @@ def main(argv):
   model_dir = FLAGS.model or (os.path.join(FLAGS.run, "policy") if FLAGS.run else None)
   if not model_dir:
     raise app.UsageError("give --model=HF_DIR or --run=WORKDIR")
+  from rlvr.model import hub
+  try:
+    model_dir = hub.resolve(model_dir, "--model")
+  except FileNotFoundError as e:
+    raise app.UsageError(str(e)) from None
   pick = lambda name, run_value: (FLAGS[name].value if FLAGS[name].present or run_cfg is None
                                   else run_value)
   cfg, params = model.load_hf(model_dir)
@@ -82,14 +105,13 @@ def main(argv):
       exs = list(data_lib.read_dataset(path))
       sets[os.path.splitext(os.path.basename(path))[0]] = exs[:FLAGS.limit or None]
   run_eval = run_cfg.eval.sampling if run_cfg else {}
-  ecfg = evaluation.EvalConfig(
-      n=pick("n", run_eval.get("n")),
-      seeds=tuple(int(s) for s in pick("seeds", run_eval.get("seeds"))),
-      temperature=pick("temperature", run_eval.get("temperature")),
-      top_p=pick("top_p", run_eval.get("top_p")), top_k=pick("top_k", run_eval.get("top_k")),
-      repetition_penalty=pick("repetition_penalty", run_eval.get("repetition_penalty", 1.0)),
-      max_tokens=pick("max_tokens", run_eval.get("max_tokens")))
+  ecfg = evaluation.EvalConfig(**{   # each field: its flag if given, else the run's, else default
+      f.name: pick(f.name, run_eval.get(f.name, FLAGS[f.name].value))
+      for f in dataclasses.fields(evaluation.EvalConfig)})
+  ecfg = dataclasses.replace(ecfg, seeds=tuple(int(s) for s in ecfg.seeds))
   instruction = pick("instruction", run_cfg.data.instruction if run_cfg else None)
+  if instruction is None:
+    instruction = data_lib.DEFAULT_INSTRUCTION
   extraction = run_cfg.reward.extraction if run_cfg else "boxed"
   rcfg = RewardConfig(extraction=extraction, integer_answers=FLAGS.integer_answers)
   workdir = pick("workdir", os.path.join(FLAGS.run or "", "eval_again"))
@@ -105,6 +127,9 @@ def main(argv):
                                               samples_path=samples)
   report = evaluation.write_report(results, workdir, f"eval {model_dir}")
   print(open(report["markdown"]).read())
+  written = "eval.md, eval.csv, eval.json, pass_at_k.png" + (", samples_*.jsonl" if FLAGS.samples
+                                                             else "")
+  print(f"launch.evaluate: wrote {written} to {os.path.abspath(workdir)}", flush=True)
 
 
 def _run_settings(workdir: str):

@@ -59,7 +59,12 @@ def main(argv):
                              warmup_steps=warmup, total_steps=steps,
                              weight_decay=0.0, dual_clip=None,
                              lora=LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, FLAGS.lora_dropout))
-  out = train_sft(FLAGS.model, pairs, FLAGS.workdir, learner_cfg=lc, mesh=mesh,
+  from rlvr.model import hub
+  try:
+    model_dir = hub.resolve(FLAGS.model, "--model")
+  except FileNotFoundError as e:
+    raise app.UsageError(str(e)) from None
+  out = train_sft(model_dir, pairs, FLAGS.workdir, learner_cfg=lc, mesh=mesh,
                   instruction=FLAGS.instruction, steps=steps, batch_size=FLAGS.batch_size,
                   seed=FLAGS.seed)
   print(f"SFT model written to {out}")

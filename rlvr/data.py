@@ -1,8 +1,8 @@
 """Datasets of (problem, answer) rows, prompt formatting and a resumable shuffle.
 
-Math RL sets come in a few layouts (METHODS.md, "Data formats seen in the
-wild"): verl parquet with chat messages and `reward_model.ground_truth`, jsonl
-with {question, ref_answer} or {problem, answer}, and JSON arrays. All of them
+Math RL sets come in a few layouts (docs/architecture.md#data-formats): verl
+parquet with chat messages and `reward_model.ground_truth`, jsonl with
+{question, ref_answer} or {problem, answer}, and JSON arrays. All of them
 become `Example`s here, so the rest of the library sees one shape. Bad rows are
 skipped and reported by row index rather than silently dropped: a reward
 computed against an empty answer is worse than a smaller dataset.
@@ -21,8 +21,9 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# Our own wording; appended to every problem unless the caller passes another.
-DEFAULT_INSTRUCTION = "Work through this step by step, then give the final answer as \\boxed{answer}."
+# The solving instruction of the Qwen2.5-Math evaluations the papers report (so held-out
+# figures compare); appended to every problem unless the caller passes another.
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 PROBLEM_FIELDS = ("problem", "question", "prompt")
 ANSWER_FIELDS = ("answer", "ref_answer", "ground_truth", "reward_model.ground_truth")

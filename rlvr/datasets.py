@@ -13,10 +13,65 @@ import dataclasses
 import os
 from typing import Callable
 
-from rlvr import data as data_lib
+from rlvr import data as data_lib, settings
 from rlvr.tasks import arithmetic, composed
 
 KINDS = ("files", "arithmetic")
+BAD_ROW_POLICIES = ("skip", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticConfig:
+  """The procedural task (data.kind = "arithmetic"; `rlvr.tasks.arithmetic`)."""
+
+  difficulty: int = 1                       # 1 = 2 operations
+  max_operand: int = 20                     # operands 0..max_operand
+  n_sft: int = 0                            # worked solutions seen by SFT
+  n_train: int = 0                          # answer-only problems for RL
+  n_heldout: int = 0                        # fixed held-out split
+  inverse_pairs: bool = False               # also teach solution -> problem (SvS synthesis)
+  sft_difficulties: tuple[int, ...] = ()    # n_sft more worked solutions at each of these
+                                            # difficulties (RL and eval stay at `difficulty`)
+  depths: tuple[int, ...] = (1,)            # composed problems of these depths
+                                            # (rlvr.tasks.composed); sizes above are per depth
+  pool_size: int = 20                       # surrogate pool per position 1..K-1
+
+  def __post_init__(self):
+    for name in ("difficulty", "max_operand", "pool_size"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+    for name in ("n_sft", "n_train", "n_heldout"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+    if not self.depths or min(self.depths) < 1 or min(self.sft_difficulties, default=1) < 1:
+      raise ValueError(f"depths / sft_difficulties: each must be >= 1 (and depths not empty), "
+                       f"got {self.depths} / {self.sft_difficulties}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Where a run's problems come from: files, or the procedural task."""
+
+  kind: str = "files"                       # "files" or "arithmetic" (procedural)
+  instruction: str = data_lib.DEFAULT_INSTRUCTION   # appended to every problem to solve
+  arithmetic: ArithmeticConfig = ArithmeticConfig()
+  train_path: str = ""                      # parquet (verl) / jsonl / json
+  extra_train_paths: tuple[str, ...] = ()   # more training files, appended (e.g. composed
+                                            # depth-2 and depth-3 sets, method="composition")
+  eval_paths: tuple[str, ...] = ()          # evaluated before and after RL
+  eval_limit: int = 0                       # the first N problems of each eval set (0 = all)
+  sft_path: str = ""                        # rows with a `solution` for the SFT warm start
+  problem_field: str = ""                   # "" = auto (problem/question/prompt)
+  answer_field: str = ""                    # "" = auto (answer/ref_answer/ground_truth)
+  on_bad_row: str = "skip"                  # or "error"
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"kind: unknown {self.kind!r}; expected one of {KINDS}")
+    if self.eval_limit < 0:
+      raise ValueError(f"eval_limit: must be >= 0 (0 = every problem), got {self.eval_limit}")
+    if self.on_bad_row not in BAD_ROW_POLICIES:
+      raise ValueError(f"on_bad_row: unknown {self.on_bad_row!r}; expected skip|error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +109,7 @@ def _arithmetic(d, seed: int) -> RunData:
   sft = [(p.problem, p.solution) for p in train[:t.n_sft]]
   if t.inverse_pairs:
     sft += [arithmetic.inverse_pair(p) for p in train[:t.n_sft]]
-  for extra in t.get("sft_difficulties", ()):   # worked solutions of other lengths (QbQ's
+  for extra in t.sft_difficulties:   # worked solutions of other lengths (QbQ's
     more, _ = arithmetic.make_splits(t.n_sft, 0, extra, seed, max_operand=t.max_operand)
     sft += [(p.problem, p.solution) for p in more]   # variants add or drop operations)
   return RunData(sft, arithmetic.to_examples(train[t.n_sft:]),
@@ -83,22 +138,23 @@ def _check_mode(d) -> None:
   """Settings the chosen data.kind would ignore are an error naming both fields."""
   if d.kind == "arithmetic":
     for name in ("train_path", "extra_train_paths", "eval_paths", "sft_path"):
-      if d[name]:
+      if getattr(d, name):
         raise ValueError(f"data.{name}: set, but data.kind is 'arithmetic' (a procedural task "
                          f"that reads no files); set data.kind='files' or clear data.{name}")
   elif d.kind == "files":
     t = d.arithmetic
     for name in ("n_sft", "n_train", "n_heldout"):
-      if t[name]:
+      if getattr(t, name):
         raise ValueError(f"data.arithmetic.{name}: set, but data.kind is 'files'; set "
                          f"data.kind='arithmetic' or clear data.arithmetic.{name}")
 
 
 def prepare(d, seed: int) -> RunData:
-  """The run's data from its `data` config section."""
+  """The run's data from its `data` config section (a `DataConfig` or its ConfigDict)."""
+  d = settings.frozen(DataConfig, d, prefix="data.")
   _check_mode(d)
-  if d.kind == "arithmetic":
-    return _arithmetic(d, seed)
-  if d.kind == "files":
-    return _files(d)
-  raise ValueError(f"data.kind: unknown {d.kind!r}; expected one of {KINDS}")
+  out = _arithmetic(d, seed) if d.kind == "arithmetic" else _files(d)
+  if d.eval_limit:
+    out = dataclasses.replace(out, evals={name: exs[:d.eval_limit]
+                                          for name, exs in out.evals.items()})
+  return out

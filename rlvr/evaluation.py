@@ -29,6 +29,19 @@ class EvalConfig:
   max_tokens: int = 256
   batch_prompts: int = 64         # prompts per generate call
 
+  def __post_init__(self):
+    for name in ("n", "max_tokens", "batch_prompts"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+    if not self.seeds:
+      raise ValueError("seeds: give at least one sampling seed")
+    if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+      raise ValueError(f"temperature / top_p / top_k: must be >= 0 / in (0, 1] / >= 0, got "
+                       f"{self.temperature} / {self.top_p} / {self.top_k}")
+    if not self.repetition_penalty > 0:
+      raise ValueError(f"repetition_penalty: must be > 0 (1 = off), got "
+                       f"{self.repetition_penalty}")
+
 
 def score_fn(pool, reward_cfg) -> Callable:
   """`(texts, golds) -> (rewards, correct)` of a `rlvr.rewards.RewardPool` under one config."""

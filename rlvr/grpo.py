@@ -146,6 +146,12 @@ def policy_loss(logp_bt, old_logp_bt, adv, mask_bt, eps_low: float = 0.2,
   return loss, aux
 
 
+def k3(log_ratio_bt: jax.Array) -> jax.Array:
+  r"""k3 estimate of KL(p || q) per sample of p, from d = log q - log p:
+  exp(d) - d - 1 (>= 0, unbiased, low variance)."""
+  return jnp.exp(log_ratio_bt) - log_ratio_bt - 1.0
+
+
 def kl_penalty(logp_bt, ref_logp_bt, estimator: str = "k3") -> jax.Array:
   r"""Per-token KL(pi || pi_ref) estimate from samples of pi.
 
@@ -155,7 +161,7 @@ def kl_penalty(logp_bt, ref_logp_bt, estimator: str = "k3") -> jax.Array:
   if estimator == "k1":
     return -d
   if estimator == "k3":
-    return jnp.exp(d) - d - 1.0
+    return k3(d)
   raise ValueError(f"kl estimator: unknown {estimator!r}; expected 'k1' or 'k3'")
 
 
@@ -180,7 +186,7 @@ def truncated_is_weight(old_logp_bt, sampler_logp_bt, mask_bt, cap: float = 2.0)
   n = jnp.maximum(jnp.sum(mask), 1)
   metrics = {
       "mismatch_abs": masked_sum(jnp.abs(diff), mask) / n,
-      "mismatch_kl": masked_sum(jnp.exp(diff) - diff - 1.0, mask) / n,
+      "mismatch_kl": masked_sum(k3(diff), mask) / n,
       "is_capped_frac": masked_sum((raw > cap).astype(jnp.float32), mask) / n,
   }
   return jax.lax.stop_gradient(w), metrics
@@ -194,7 +200,7 @@ def token_logprobs_and_entropy(hidden_btd: jax.Array, head_dv: jax.Array, tokens
   each chunk rematerialised in the backward pass, so at most one
   [B, chunk, V] logits block exists at a time. Entry [b, 0] is 0 (no context).
   matmul(x [n, D], head [D, V]) -> f32 logits [n, V]; default: in x's dtype with f32
-  accumulation (the learner passes `decoder.logits_matmul`, CPU-friendly gradients).
+  accumulation (the learner passes `lowp.logits_matmul`, CPU-friendly gradients).
   """
   if matmul is None:
     matmul = lambda x, w: jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)

@@ -21,21 +21,22 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from rlvr import grpo, sharding
 from rlvr import lora as lora_lib
 from rlvr.lora import LoraConfig
-from rlvr.model import attention, decoder
+from rlvr.model import attention, decoder, lowp
 from rlvr.model.config import ModelConfig
+from rlvr.packing import pack_rows  # noqa: F401 (rlvr.sft imports it from here)
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-  """Optimiser and loss settings (defaults: SvS's public settings, METHODS.md)."""
+  """Optimiser and loss settings (defaults: SvS's public settings,
+  docs/methods.md#grpo-settings)."""
 
   learning_rate: float = 1e-6
   lr_schedule: str = "constant"          # "constant" | "cosine" (linear warmup, cosine decay)
@@ -71,6 +72,17 @@ class LearnerConfig:
   lora: LoraConfig = LoraConfig()        # rank > 0: train LoRA adapters on a frozen base
 
   def __post_init__(self):
+    if not self.learning_rate > 0:
+      raise ValueError(f"learning_rate: must be > 0, got {self.learning_rate}")
+    for name in ("warmup_steps", "total_steps", "weight_decay", "min_lr_ratio", "kl_beta"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+    for name in ("b1", "b2"):
+      if not 0 <= getattr(self, name) < 1:
+        raise ValueError(f"{name}: must be in [0, 1), got {getattr(self, name)}")
+    if not self.adam_eps > 0 or self.logits_chunk < 1:
+      raise ValueError(f"adam_eps / logits_chunk: must be > 0 / >= 1, got {self.adam_eps} / "
+                       f"{self.logits_chunk}")
     if self.lr_schedule not in ("constant", "cosine"):
       raise ValueError(f"lr_schedule: unknown {self.lr_schedule!r}; expected constant|cosine")
     if self.aggregation not in grpo.AGGREGATIONS:
@@ -114,7 +126,7 @@ class TrainBatch:
   `*_bt` fields are target-aligned (see `rlvr.grpo`). old_logp_bt None means
   on-policy: the old policy is the current one (ratio 1, gradient flows).
   sampler_logp_bt: the sampler's logprobs, for mismatch metrics and TIS.
-  A packed batch (`pack_rows(..., bins=...)`: several sequences per row) has
+  A packed batch (`packing.pack_rows(..., bins=...)`: several sequences per row) has
   segment ids 1, 2, ... within a row, RoPE positions that restart with each
   sequence, and per-token advantages and truncation flags ([B, T] instead of [B]).
   """
@@ -137,65 +149,6 @@ class TrainBatch:
     """Sequence ids within each row for per-sequence sums (`grpo.aggregate`): the
     segment ids of a packed batch; None when every row is one sequence."""
     return self.segment_bt if self.packed else None
-
-
-def first_fit(lengths, capacity: int) -> list[list[int]]:
-  """Sequence indices per row, packing `lengths` into rows of `capacity` tokens by
-  first-fit decreasing (longest first, ties by index, so every process gets the same
-  rows). A sequence longer than a row gets one to itself (and loses its tail)."""
-  rows, free = [], []
-  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-    n = min(lengths[i], capacity)
-    for r, room in enumerate(free):
-      if room >= n:
-        rows[r].append(i)
-        free[r] -= n
-        break
-    else:
-      rows.append([i])
-      free.append(capacity - n)
-  return rows
-
-
-def pack_rows(rows, n_rows: int, seq_len: int, pad_id: int = 0,
-              bins: list[list[int]] | None = None) -> dict[str, np.ndarray]:
-  """(prompt ids, completion ids, completion logprobs or None) rows -> right-padded arrays.
-
-  The layout every update sees (RL buffers and SFT alike): prompt, then the
-  completion (the only tokens in the loss), then padding; rows past the given
-  ones are all padding. A row longer than seq_len loses its tail.
-  bins (e.g. `first_fit`): the input sequences each array row holds, side by side
-  as segments 1, 2, ...; the arrays then add `positions_bt` (restarting at 0 with
-  each sequence) and `sequence_bt` (the input index of each token, -1 on padding).
-  """
-  packed = bins is not None
-  bins = [[i] for i in range(len(rows))] if bins is None else bins
-  if len(bins) > n_rows:
-    raise ValueError(f"pack_rows: {len(bins)} rows do not fit n_rows={n_rows}")
-  tokens = np.full((n_rows, seq_len), pad_id, np.int32)
-  seg = np.zeros((n_rows, seq_len), np.int32)
-  mask = np.zeros((n_rows, seq_len), np.float32)
-  sampler_logp = np.zeros((n_rows, seq_len), np.float32)
-  positions = np.zeros((n_rows, seq_len), np.int32)
-  sequence = np.full((n_rows, seq_len), -1, np.int32)
-  for r, members in enumerate(bins):
-    start = 0
-    for s, i in enumerate(members, 1):
-      prompt, completion, logprobs = rows[i]
-      ids = (list(prompt) + list(completion))[:seq_len - start]
-      p, end = start + len(prompt), start + len(ids)
-      tokens[r, start:end] = ids
-      seg[r, start:end] = s
-      mask[r, p:end] = 1
-      positions[r, start:end] = np.arange(end - start)
-      sequence[r, start:end] = i
-      if logprobs is not None and end > p:
-        sampler_logp[r, p:end] = logprobs[:end - p]
-      start = end
-  out = dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask, sampler_logp_bt=sampler_logp)
-  if packed:
-    out.update(positions_bt=positions, sequence_bt=sequence)
-  return out
 
 
 @flax.struct.dataclass
@@ -304,11 +257,18 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
                            scan_layers=cfg.scan_layers)
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
   return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk,
-                                         decoder.logits_matmul)
+                                         lowp.logits_matmul)
+
+
+def completion_mask(batch: TrainBatch) -> jax.Array:
+  """True on the completion tokens of real sequences: every token the loss may count."""
+  return batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
 
 
 def loss_mask(batch: TrainBatch, cfg: LearnerConfig) -> jax.Array:
-  mask = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
+  """The tokens in the loss: `completion_mask`, less length-truncated completions
+  with cfg.mask_truncated."""
+  mask = completion_mask(batch)
   if cfg.mask_truncated and batch.truncated_b is not None:
     mask = mask & ~grpo.by_token(batch.truncated_b.astype(bool))
   return mask
@@ -359,9 +319,8 @@ def _split_micro(batch: TrainBatch, m: int) -> TrainBatch:
 def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
                cfg: LearnerConfig, tx: optax.GradientTransformation):
   """One optimizer step on `batch` (pure; jitted by `make_update_fn`)."""
-  counted = batch.loss_mask_bt.astype(bool) & batch.segment_bt.astype(bool)
-  normalizer = grpo.loss_normalizer(counted if cfg.normalize_all else loss_mask(batch, cfg),
-                                    cfg.aggregation, batch.sequences_bt)
+  counted = completion_mask(batch) if cfg.normalize_all else loss_mask(batch, cfg)
+  normalizer = grpo.loss_normalizer(counted, cfg.aggregation, batch.sequences_bt)
   loss_fn = micro_loss
   if cfg.lora.rank:
     # One dropout mask per step, shared by the micro-batches: 1 or k give the same step.

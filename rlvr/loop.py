@@ -1,11 +1,12 @@
-"""The step every RL method shares: rollouts, dynamic sampling, batch, update, weight sync.
+"""The step every RL method shares: rollouts, dynamic sampling, metrics, update, weight sync.
 
 A method (`rlvr/methods/`) only builds the buffer of scored groups for one
-update; `rl_step` does the rest the same way for all of them: pack the groups
-into bucketed shapes (so the jitted update compiles a handful of times per
-run), update, push the new weights to the sampler once, and time the phases.
-Everything outside the update is plain Python around the Sampler and the
-scorer, reached through a `StepEnv`.
+update; `rl_step` does the rest the same way for all of them: the rollout
+metrics of the groups the method reports (`StepEnv.report_rollouts`), the update
+on the groups packed into bucketed shapes (`rlvr.ppo`, `rlvr.packing`), one
+weight push to the sampler, and the phases' timings. Everything outside the
+update is plain Python around the Sampler and the scorer, reached through a
+`StepEnv`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rlvr import grpo, learner, metrics as metrics_lib, shaping
+from rlvr import learner, metrics as metrics_lib, ppo, shaping
 from rlvr.sampling.types import Completion, Sampler, SamplingParams
 
 
@@ -181,6 +182,15 @@ class StepEnv:
     self.prompts_too_long = 0
     self.shaping_sums: dict[str, float] = {}
     self.shaped = 0
+    self.reported: tuple[list[Group], list[Group], int] | None = None
+
+  def report_rollouts(self, sampled: Sequence[Group], kept: Sequence[Group],
+                      rounds: int) -> None:
+    """Names the rollouts the step's metrics describe (`rollout_metrics`): the groups
+    sampled for the update, those kept, and the sampling rounds. `gather_groups`
+    reports its own; a method that builds its buffer otherwise reports what it kept
+    (the last call counts). A step that reports nothing has no rollout metrics."""
+    self.reported = (list(sampled), list(kept), rounds)
 
   def generate(self, prompt_ids: list[Sequence[int]], sp: SamplingParams):
     t = time.perf_counter()
@@ -232,8 +242,9 @@ class StepEnv:
 def gather_groups(env: StepEnv, draw: Callable[[int], list[Prompt]], step: int):
   """Rollouts until `prompts_per_step` usable groups (or the round budget) are reached.
 
-  Returns (kept groups, all sampled groups, rounds used). Raises NoSignalError
-  when dynamic sampling found no mixed group at all within the budget.
+  Returns (kept groups, all sampled groups, rounds used), also reported to env
+  (`StepEnv.report_rollouts`). Raises NoSignalError when dynamic sampling found no
+  mixed group at all within the budget.
   """
   cfg = env.rl
   kept, sampled = [], []
@@ -247,6 +258,7 @@ def gather_groups(env: StepEnv, draw: Callable[[int], list[Prompt]], step: int):
     sampled += groups
     kept += [g for g in groups if g.mixed or not cfg.dynamic_sampling][:missing]
     if len(kept) >= need or not cfg.dynamic_sampling:
+      env.report_rollouts(sampled, kept, round_ + 1)
       return kept, sampled, round_ + 1
   if not sampled:
     raise NoSignalError(f"step {step}: every drawn prompt is longer than max_prompt_len "
@@ -258,54 +270,8 @@ def gather_groups(env: StepEnv, draw: Callable[[int], list[Prompt]], step: int):
         f"{cfg.max_extra_rounds + 1} rounds (solve_all {stats['solve_all']:.0%}, "
         f"solve_none {stats['solve_none']:.0%}); the data is too easy or too hard for "
         "the policy, or raise max_extra_rounds")
+  env.report_rollouts(sampled, kept, cfg.max_extra_rounds + 1)
   return kept, sampled, cfg.max_extra_rounds + 1
-
-
-def bucket(n: int, minimum: int, multiple: int = 1) -> int:
-  """`minimum` when n fits, else the next power of two >= n (a multiple of `multiple`)."""
-  b = minimum if n <= minimum else 1 << (n - 1).bit_length()
-  return -(-b // multiple) * multiple
-
-
-def build_batch(groups: Sequence[Group], cfg: RLConfig, pad_id: int, *, rows: int | None = None,
-                seq_len: int | None = None, min_rows: int | None = None) -> dict[str, np.ndarray]:
-  """Right-padded [rows, seq_len] arrays: prompt, then completion (in the loss), then pad.
-
-  Rows beyond the groups are padding (no loss tokens). Advantages are computed
-  within each group (`grpo.group_advantages`); groups may differ in size.
-  Default shape: cfg.rows (or `min_rows`) x cfg.seq_len, grown to the next power
-  of two when the groups need more (a larger buffer, a longer prompt), so shapes
-  stay few. With `cfg.pack` the sequences are packed side by side into rows of
-  max(cfg.pack_len, that seq_len) tokens (`learner.first_fit`), as few rows as they
-  need rounded up to a power of two >= cfg.pack_min_rows, with per-token
-  advantages and truncation flags.
-  """
-  seqs = [(g.prompt.ids, c.token_ids, c.logprobs) for g in groups for c in g.completions]
-  lengths = [len(p) + len(c) for p, c, _ in seqs]
-  adv = np.zeros((len(seqs),), np.float32)
-  r = 0
-  for g in groups:
-    adv_g = np.asarray(grpo.group_advantages(np.asarray(g.rewards)[None],
-                                             normalize_std=cfg.normalize_std,
-                                             ddof=cfg.adv_std_ddof))[0]
-    adv[r:r + len(adv_g)] = adv_g
-    r += len(adv_g)
-  truncated = np.array([c.finish_reason == "length" for g in groups for c in g.completions],
-                       bool)
-  seq_len = bucket(max(lengths, default=0), cfg.seq_len, 16) if seq_len is None else seq_len
-  if cfg.pack:
-    seq_len = max(seq_len, cfg.pack_len)
-    bins = learner.first_fit(lengths, seq_len)
-    rows = bucket(len(bins), cfg.pack_min_rows) if rows is None else rows
-    arrays = learner.pack_rows(seqs, rows, seq_len, pad_id, bins=bins)
-    index = arrays.pop("sequence_bt")
-    real = index >= 0
-    return dict(arrays, advantages_b=np.where(real, adv[index], 0.0).astype(np.float32),
-                truncated_b=real & truncated[index])
-  rows = bucket(len(seqs), min_rows or cfg.rows) if rows is None else rows
-  arrays = learner.pack_rows(seqs, rows, seq_len, pad_id)
-  return dict(arrays, advantages_b=np.pad(adv, (0, rows - len(seqs))),
-              truncated_b=np.pad(truncated, (0, rows - len(seqs))))
 
 
 def rollout_metrics(sampled: Sequence[Group], kept: Sequence[Group], rounds: int,
@@ -328,103 +294,32 @@ def rollout_metrics(sampled: Sequence[Group], kept: Sequence[Group], rounds: int
   return out
 
 
-def mini_batches(groups: Sequence[Group], cfg: RLConfig, rng: np.random.Generator):
-  """Whole groups, `ppo_mini_batch_size` per mini-batch, in a seeded shuffled order.
-
-  One mini-batch (size 0, or at least as many groups as the buffer) keeps the
-  buffer's order.
-  """
-  k = cfg.ppo_mini_batch_size
-  if k <= 0 or len(groups) <= k:
-    return [list(groups)]
-  order = rng.permutation(len(groups))
-  return [[groups[i] for i in order[j:j + k]] for j in range(0, len(groups), k)]
-
-
-def _mean_over_steps(steps: Sequence[dict]) -> dict[str, float]:
-  """Learner metrics of several optimizer steps as one row: means, ratio extremes, token sum."""
-  out = {k: float(np.mean([float(m[k]) for m in steps])) for k in steps[0]}
-  out["ratio_max"] = max(float(m["ratio_max"]) for m in steps)
-  out["ratio_min"] = min(float(m["ratio_min"]) for m in steps)
-  out["tokens"] = sum(float(m["tokens"]) for m in steps)
-  out["lr"] = float(steps[-1]["lr"])
-  return out
-
-
-def multi_step_update(state, update_fn, logp_fn, batches: Sequence, epochs: int = 1,
-                      old_logp: str = "learner", rng: np.random.Generator | None = None):
-  """Several optimizer steps on one rollout's mini-batches (verl's PPO update).
-
-  Old logprobs are fixed once, before the first step: recomputed by the learner
-  (`logp_fn(params, batch)`) or taken from the sampler. Each mini-batch is one
-  optimizer step with its own loss normaliser; epochs after the first visit the
-  mini-batches in a new seeded order. Returns (state, per-step learner metrics,
-  KL(first policy || last policy) over the rollout's completion tokens).
-  """
-  import jax.numpy as jnp
-  rng = rng or np.random.default_rng(0)
-  if old_logp == "learner":
-    batches = [b.replace(old_logp_bt=logp_fn(state.params, b)) for b in batches]
-  else:
-    batches = [b.replace(old_logp_bt=b.sampler_logp_bt) for b in batches]
-  steps = []
-  for epoch in range(epochs):
-    order = range(len(batches)) if epoch == 0 else rng.permutation(len(batches))
-    for i in order:
-      state, m = update_fn(state, batches[i])
-      steps.append(m)
-  kl_sum = tokens = 0.0
-  for b in batches:   # k3 estimate of KL(pi_first || pi_last) on samples of pi_first
-    d = logp_fn(state.params, b) - b.old_logp_bt
-    mask = (b.loss_mask_bt * b.segment_bt) > 0
-    kl_sum += float(jnp.sum(jnp.where(mask, jnp.exp(d) - 1.0 - d, 0.0)))
-    tokens += float(jnp.sum(mask))
-  return state, steps, kl_sum / max(tokens, 1.0)
-
-
-def update_on_buffer(state, update_fn, logp_fn, groups: Sequence[Group], cfg: RLConfig,
-                     pad_id: int, to_batch: Callable[[dict], Any], step: int):
-  """The buffer's optimizer step(s). One mini-batch and one epoch: exactly one update with
-  the current policy as the old one (ratio 1); otherwise `multi_step_update`."""
-  rng = np.random.default_rng((cfg.seed, step, 17))
-  chunks = mini_batches(groups, cfg, rng)
-  if len(chunks) == 1 and cfg.ppo_epochs == 1:
-    state, m = update_fn(state, to_batch(build_batch(chunks[0], cfg, pad_id)))
-    return state, dict({k: float(v) for k, v in m.items()}, optimizer_steps=1)
-  if logp_fn is None:
-    raise ValueError("ppo_mini_batch_size / ppo_epochs: several optimizer steps per rollout need "
-                     "logp_fn (learner.make_logprob_fn) to fix the old logprobs")
-  batches = [to_batch(build_batch(c, cfg, pad_id, min_rows=cfg.mini_batch_rows))
-             for c in chunks]
-  state, steps, kl = multi_step_update(state, update_fn, logp_fn, batches, cfg.ppo_epochs,
-                                       cfg.old_logp, rng)
-  return state, dict(_mean_over_steps(steps), optimizer_steps=len(steps), kl_first_last=kl)
-
-
 def rl_step(state, update_fn, method, env: StepEnv, step: int, to_batch: Callable[[dict], Any],
             logp_fn=None):
-  """One RL step of any method. Returns (new state, metrics).
+  """One RL step of any method (`rlvr.methods.base.Method`). Returns (new state, metrics).
 
-  method.buffer(env, step) -> (groups, metrics) builds the update's data;
+  method.buffer(env, step) -> (groups, metrics) builds the update's data; the
+  rollouts it reports (`StepEnv.report_rollouts`) add `rollout_metrics`.
   to_batch: numpy dict -> learner.TrainBatch placed on the mesh (per-process
   rows when multi-host); logp_fn: the learner's (params, batch) -> logp, needed
   when a buffer makes several optimizer steps (rl.ppo_mini_batch_size, ppo_epochs).
   The sampler gets the new weights at version step + 1, also when the buffer is
-  empty and the update is skipped. A method with `resets_optimizer(step) -> True`
-  gets fresh optimizer moments before that step's update (QbQ: every round).
+  empty and the update is skipped. Where `method.resets_optimizer(step)`, that
+  step's update starts from fresh optimizer moments (QbQ: every round).
   """
   t0 = time.perf_counter()
   env.reset()
   groups, m = method.buffer(env, step)
   m = dict(m)
-  resets = getattr(method, "resets_optimizer", None)
-  if resets is not None and resets(step):
+  if env.reported is not None:
+    m.update(rollout_metrics(*env.reported, env.rl))
+  if method.resets_optimizer(step):
     state = learner.reset_optimizer(state)
     m["optimizer_reset"] = 1
   t_buffer = time.perf_counter()
   if groups:
-    state, learner_metrics = update_on_buffer(state, update_fn, logp_fn, groups, env.rl,
-                                              env.pad_id, to_batch, step)
+    state, learner_metrics = ppo.update_on_buffer(state, update_fn, logp_fn, groups, env.rl,
+                                                  env.pad_id, to_batch, step)
     m.update(learner_metrics)
   t_update = time.perf_counter()
   env.sampler.update_weights(state.params, version=step + 1)

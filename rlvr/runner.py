@@ -20,11 +20,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlvr import checkpoint, datasets, distributed, evaluation, interrupt, learner, loop, methods
+from rlvr import checkpoint, datasets, distributed, evaluation, experiment, interrupt, learner
+from rlvr import loop, methods
 from rlvr import metrics as metrics_lib, model as model_lib, rewards, settings, shaping
 from rlvr import sharding, sft
 from rlvr.data import format_prompt
-from rlvr.rewards import RewardConfig, RewardPool
+from rlvr.model import hub
+from rlvr.rewards import RewardPool
 from rlvr.sampling import JaxSampler
 
 PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
@@ -85,7 +87,7 @@ class Run:
 def prepare_model(cfg) -> str:
   """The HF dir to start from: `model.path`, or a cached `make_tiny` build."""
   if cfg.model.path:
-    return cfg.model.path
+    return hub.resolve(cfg.model.path, "model.path")
   tiny = cfg.model.tiny.to_dict() if hasattr(cfg.model.tiny, "to_dict") else dict(cfg.model.tiny)
   key = hashlib.sha1(json.dumps(tiny, sort_keys=True).encode()).hexdigest()[:10]
   path = os.path.join(os.path.expanduser(cfg.model.cache_dir), f"tiny-{key}")
@@ -117,6 +119,38 @@ def setup(cfg) -> Run:
             mesh, data, {}, model_lib.ModelConfig.from_hf(model_dir).max_position_embeddings)
   run.eval_prompts = {name: run.prompts(exs, name) for name, exs in data.evals.items()}
   return run
+
+
+def _flat(d: dict, prefix: str) -> dict:
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return out
+
+
+def phase_settings(cfg) -> dict[str, dict]:
+  """The settings each reusable phase depends on, flat ("sft.steps": 400, ...)."""
+  d = json.loads(json.dumps(cfg.to_dict()))   # tuples as lists, as progress.json holds them
+  data = _flat(d["data"], "data.")
+  made = {"seed": d["seed"], **_flat(d["model"], "model."), **data}
+  return {"sft": {**made, **_flat(d["sft"], "sft.")},
+          "eval": {**made, **_flat(d["eval"]["sampling"], "eval.sampling.")}}
+
+
+def check_phases(run: Run) -> None:
+  """A phase that a rerun would reuse, asked for with other settings, stops the run with one
+  line naming the first changed field; settings of phases not yet recorded are recorded."""
+  done = run.progress.setdefault("settings", {})
+  for phase, now in phase_settings(run.cfg).items():
+    was = done.setdefault(phase, now)
+    changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+    if changed:
+      k = changed[0]
+      raise ValueError(
+          f"{k}: the {phase} phase recorded in {run.workdir}/progress.json ran with "
+          f"{was.get(k)!r}, this run asks for {now.get(k)!r}; rerun with the recorded "
+          "settings, or give a new --workdir")
+  run.save_progress()
 
 
 def warm_start(run: Run) -> str:
@@ -196,9 +230,11 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
   save = lambda step: checkpoint.save(mngr, state, {"method": method.state(), "step": step})
   bar = tqdm(range(start, c.rl.steps), desc=method.name, unit="step", initial=start,
              total=c.rl.steps)
+  skipped = 0
   with interrupt.GracefulStop("RL") as stop:
     for step in bar:
       state, m = loop.rl_step(state, update, method, env, step, to_batch, logp_fn)
+      skipped += m.get("skipped_update", 0)
       if c.eval.every and (step + 1) % c.eval.every == 0:
         for name, scores in evaluate(run, env.sampler, eval_score).items():
           m.update({f"{name}_{k}": v for k, v in scores.items()})
@@ -215,6 +251,10 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
         stop.exit(f"after RL step {step + 1} of {c.rl.steps} (checkpoint under "
                   f"{run.workdir}/checkpoints)")
   writer.close()
+  if start < c.rl.steps and skipped == c.rl.steps - start:
+    raise loop.NoSignalError(
+        f"every one of the {skipped} RL steps skipped its update: no group had a learning "
+        f"signal (reward variance); see {run.workdir}/metrics.jsonl (solve_all, solve_none)")
   return state
 
 
@@ -226,7 +266,7 @@ def write_summary(run: Run, method, seconds: float) -> dict:
     metrics_lib.plot_metrics(rows, PLOT_KEYS, os.path.join(run.workdir, "training.png"),
                              title=name)
     if method.plot_keys:
-      mark = getattr(method, "mark_key", "")
+      mark = method.mark_key
       metrics_lib.plot_metrics(rows, method.plot_keys,
                                os.path.join(run.workdir, f"{method.name}.png"),
                                title=f"{name}: {method.name}",
@@ -250,7 +290,7 @@ def write_summary(run: Run, method, seconds: float) -> dict:
 
 
 def _restore_method(method, meta) -> None:
-  # Checkpoints written before methods kept their own state stored only the data position.
+  # Metadata without a "method" entry (an older checkpoint layout) holds only the data position.
   method.restore(meta["method"] if "method" in meta else {"data": meta["data"]})
   print(f"resumed {method.name} from step {meta['step']}")
 
@@ -259,25 +299,12 @@ def _restore_method(method, meta) -> None:
 def run(cfg) -> dict:
   """Runs (or resumes) the experiment described by an ml_collections config."""
   t_start = time.time()
+  checked = experiment.check(cfg)   # every setting, before anything is built or trained
   r = setup(cfg)
-  reward_cfg = settings.frozen(RewardConfig, cfg.reward)
+  experiment.check_eval_fits(checked.eval.sampling, r.context)
+  check_phases(r)
+  reward_cfg, lc = checked.reward, checked.rl_learner
   method = methods.make(cfg, r.prompts(r.data.train, "train"))
-  lc = settings.frozen(learner.LearnerConfig, cfg.rl.learner)
-  if lc.lora.rank:   # the RL loop samples and re-scores with state.params as the policy
-    raise ValueError("rl.learner.lora.rank: LoRA is wired into SFT only (sft.learner.lora); "
-                     "RL trains the full model, leave it 0")
-  if cfg.rl.loop.pack and lc.attention == "cudnn":
-    raise ValueError("rl.loop.pack: packed rows (several sequences per row) need "
-                     "rl.learner.attention auto|dense|blockwise; cudnn takes one per row")
-  if cfg.sampler.kind == "vllm":   # before SFT, not after it
-    from rlvr.sampling.vllm_sampler import check_retry_settings
-    check_retry_settings(cfg.sampler.request_timeout_s, cfg.sampler.retries,
-                         cfg.sampler.backoff_s, prefix="sampler.")
-  split = lc.micro_batch_rows or lc.micro_batches
-  if cfg.rl.loop.pack and cfg.rl.loop.pack_min_rows % split:
-    raise ValueError(f"rl.loop.pack_min_rows: {cfg.rl.loop.pack_min_rows} packed rows do not "
-                     f"split by {split} (rl.learner.micro_batch_rows, or micro_batches); use a "
-                     "multiple")
   with RewardPool(workers=cfg.reward_workers, timeout_s=reward_cfg.timeout_s) as pool:
     score = evaluation.score_fn(pool, reward_cfg)
     # Evaluation counts correct answers only, with general (not integer-only) matching.

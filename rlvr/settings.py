@@ -38,6 +38,8 @@ def section(cls, **overrides) -> ml_collections.ConfigDict:
     raise ValueError(f"{cls.__name__}: unknown config fields {unknown}; known: {sorted(names)}")
   for f in dataclasses.fields(cls):
     value = overrides.get(f.name, f.default)
+    if value is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+      value = f.default_factory()
     if value is dataclasses.MISSING:
       raise ValueError(f"{cls.__name__}.{f.name}: has no default; pass it to section()")
     inner = _optional_type(hints[f.name])
@@ -47,21 +49,35 @@ def section(cls, **overrides) -> ml_collections.ConfigDict:
       value = section(hints[f.name], **value)
     elif value is None and inner is not None:
       value = ml_collections.config_dict.placeholder(inner)
+    elif typing.get_args(hints[f.name])[:1] == (str,) and isinstance(value, tuple):
+      value = list(value)   # paths, URLs: comma-separated on the command line (launch.train)
     c[f.name] = value
   return c
 
 
-def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict) -> Any:
-  """Config section -> frozen dataclass `cls`; unknown fields are named; lists become tuples."""
+def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict, prefix: str = "") -> Any:
+  """Config section -> frozen dataclass `cls`; unknown fields are named; lists become tuples.
+
+  With `prefix` (the section's place in the config, e.g. "rl.loop."), a field's error names
+  it in full: "rl.loop.group_size: ..." instead of "group_size: ...".
+  """
+  if dataclasses.is_dataclass(d):
+    return d
   d = d.to_dict() if isinstance(d, ml_collections.ConfigDict) else dict(d)
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(d) - names)
   if unknown:
-    raise ValueError(f"{cls.__name__}: unknown config fields {unknown}; known: {sorted(names)}")
+    raise ValueError(f"{prefix.rstrip('.') or cls.__name__}: unknown config fields {unknown}; "
+                     f"known: {sorted(names)}")
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
     if f.name in d and isinstance(d[f.name], list):
       d[f.name] = tuple(d[f.name])
     elif f.name in d and dataclasses.is_dataclass(hints[f.name]) and isinstance(d[f.name], Mapping):
-      d[f.name] = frozen(hints[f.name], d[f.name])
-  return cls(**d)
+      d[f.name] = frozen(hints[f.name], d[f.name], prefix and f"{prefix}{f.name}.")
+  try:
+    return cls(**d)
+  except ValueError as e:
+    if not prefix or str(e).startswith(prefix):
+      raise
+    raise ValueError(f"{prefix}{e}") from None

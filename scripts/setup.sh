@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv with rlvr (what the main job needs); with --vllm also the test
-# extras (PyTorch for the reference comparisons) and the vLLM CPU server
+# Creates .venv with rlvr and the exact versions of requirements.lock (what the
+# main job needs); with --vllm also the test extras (requirements-test.lock:
+# pytest, PyTorch for the reference comparisons) and the vLLM CPU server
 # environment in .venvs/vllm (its own torch/transformers pins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,11 +14,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 pipq .venv/bin/pip install -q --upgrade pip
+# Exact versions from the lock files (the ones the README's figures came from), then rlvr
+# itself without resolving again.
 if [ "${1:-}" = "--vllm" ]; then
-  pipq .venv/bin/pip install -q -e ".[test]"
+  pipq .venv/bin/pip install -q -r requirements-test.lock
 else
-  pipq .venv/bin/pip install -q -e .
+  pipq .venv/bin/pip install -q -r requirements.lock
 fi
+pipq .venv/bin/pip install -q --no-deps -e .
+.venv/bin/python -m pip check >/dev/null || .venv/bin/python -m pip check
 
 if [ "${1:-}" = "--vllm" ]; then
   if [ ! -x .venvs/vllm/bin/python ]; then

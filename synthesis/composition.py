@@ -1,4 +1,4 @@
-"""Composition-RL's sequential prompt composition (METHODS.md "Composition-RL"), pure.
+"""Composition-RL's sequential prompt composition (docs/methods.md#composition-rl), pure.
 
 Compose(q1, q2; gt1, gt2) -> (q12, gt2) in three assistant steps, each checked:
   1. define: a number v1 of gt1 becomes a variable X with a definition d1 in words;
@@ -74,33 +74,92 @@ def tag(text: str, name: str) -> str | None:
   return found[-1].strip() if found else None
 
 
-_FRAC = re.compile(r"^(-?)\\d?frac\{(-?\d+)\}\{(-?\d+)\}$")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+# A decimal as written: digits, with commas only where they group thousands (every group
+# after the first has exactly three digits: "1,000" and "12,345,678", not "2,3" or
+# "1,200,3"), then an optional decimal part.
+_DECIMAL = r"(?:\d{1,3}(?:,\d{3})+(?!,?\d)|\d+)(?:\.\d+)?"
+_MINUS = "-\u2212"   # the hyphen-minus and the Unicode minus sign
+_FRAC_ARG = rf"\{{\s*[{_MINUS}]?{_DECIMAL}\s*\}}|\d"   # "{-3}", "{1,000}" or one digit
+_NUMBER = re.compile(
+    rf"(?P<sign>[{_MINUS}])?"
+    rf"(?:\\[dt]?frac\s*(?P<num>{_FRAC_ARG})\s*(?P<den>{_FRAC_ARG})"
+    rf"|(?P<plain>{_DECIMAL})(?:/(?P<over>{_DECIMAL}))?)")
+# LaTeX relations and operators: a minus after one of them is a sign ("x \le -3").
+_OPERATOR_COMMANDS = frozenset({
+    "le", "leq", "ge", "geq", "lt", "gt", "ne", "neq", "approx", "equiv", "cdot", "times",
+    "div", "pm", "mp", "to", "in", "quad", "qquad"})
+
+
+def _exact(written: str) -> Fraction:
+  """The value of a decimal or braced \\frac argument as written: "{-1,000.5}" -> -2001/2."""
+  return Fraction(written.strip("{}").strip().replace(",", "").replace("\u2212", "-"))
+
+
+def _magnitude(m: re.Match) -> Fraction | None:
+  """The value of a _NUMBER match without its leading sign; None for a zero denominator."""
+  if m["num"] is not None:
+    num, den = _exact(m["num"]), _exact(m["den"])
+  else:
+    num, den = _exact(m["plain"]), _exact(m["over"] or "1")
+  return num / den if den else None
+
+
+def _is_sign(text: str, i: int) -> bool:
+  """Whether the minus at text[i] makes the number after it negative.
+
+  Right after an operand (spaces skipped) the minus subtracts: after a digit, a closing
+  bracket, "!", "%", a one-letter variable or a LaTeX symbol such as \\pi, so "2x-7",
+  "5 - 3" and "2\\pi-3" hold 7, 3 and 3. Anywhere else it is a sign: at the start, after
+  "=", "(", ",", another operator, a word ("2 and -3") or a LaTeX relation or operator
+  command: "-7", "x = -3", "(-2, 5)", "5 - -3", "x \\le -3". (A product of letters
+  reads as a word: "xy-3" holds -3.)
+  """
+  while i > 0 and text[i - 1].isspace():
+    i -= 1
+  if i == 0:
+    return True
+  word = i
+  while word > 0 and text[word - 1].isalpha():
+    word -= 1
+  if word < i:
+    if word > 0 and text[word - 1] == "\\":
+      return text[word:i] in _OPERATOR_COMMANDS
+    return i - word > 1
+  return not (text[i - 1].isdigit() or text[i - 1] in ")]}!%")
 
 
 def parse_number(s: str | None) -> Fraction | None:
-  """An exact number from "12", "-3.5", "1,000", "3/4", "\\frac{3}{4}", "$12$"; else None."""
+  """The exact number a whole string states, else None.
+
+  Reads "12", "-3.5", "1,000", "3/4", "\\frac{3}{4}", "-\\dfrac{1}{2}", "\\frac12" and
+  "$12$". Spaces are dropped except after a comma, which separates numbers: "2, 3",
+  "(2,3)" and "5-3" state no single number.
+  """
   if s is None:
     return None
-  s = s.strip().strip("$").replace(",", "").replace(" ", "").replace("\\!", "")
-  s = s.replace("\\left", "").replace("\\right", "")
-  m = _FRAC.match(s)
-  if m:
-    sign, num, den = m.groups()
-    return None if int(den) == 0 else (-1 if sign else 1) * Fraction(int(num), int(den))
-  if re.fullmatch(r"-?\d+(\.\d+)?", s):
-    return Fraction(s)
-  if re.fullmatch(r"-?\d+/\d+", s) and not s.endswith("/0"):
-    return Fraction(s)
-  return None
+  s = s.strip().strip("$")
+  for markup in ("\\!", "\\left", "\\right"):
+    s = s.replace(markup, "")
+  s = re.sub(r"(?<!,)\s+", "", s.replace("{,}", ","))
+  m = _NUMBER.fullmatch(s)
+  value = _magnitude(m) if m else None
+  return -value if value is not None and m["sign"] else value
 
 
 def numbers_in(text: str) -> list[Fraction]:
-  """Every number written in a text (fractions \\frac{a}{b} included)."""
-  out = [Fraction(int(a), int(b)) for a, b in re.findall(r"\\d?frac\{(\d+)\}\{(\d+)\}", text)
-         if int(b)]
-  cleaned = re.sub(r"\\d?frac\{\d+\}\{\d+\}", " ", text).replace(",", "")
-  out += [Fraction(m) for m in _NUMBER.findall(cleaned) if not m.endswith("/0")]
+  """Every number written in a text, in order of writing.
+
+  Each is read as parse_number reads it, with two rules for running text: a minus is a
+  sign only where _is_sign says so ("5-3" holds 5 and 3, "x = -\\frac{1}{2}" holds -1/2),
+  and a comma that does not group thousands separates numbers ("(2,3)" holds 2 and 3,
+  "1,000" holds 1000). A fraction with a zero denominator is no number.
+  """
+  text = text.replace("{,}", ",")
+  out = []
+  for m in _NUMBER.finditer(text):
+    value = _magnitude(m)
+    if value is not None:
+      out.append(-value if m["sign"] and _is_sign(text, m.start()) else value)
   return out
 
 

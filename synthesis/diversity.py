@@ -1,4 +1,4 @@
-"""Vendi score of a problem pool (METHODS.md "QbQ", diversity), pure numpy.
+"""Vendi score of a problem pool (docs/methods.md#diversity), pure numpy.
 
 VS_q = Hill number of order q of the eigenvalues lambda of K / n, K the cosine
 similarity matrix of the n embeddings: q = 1 gives exp(-sum lambda log lambda) (the

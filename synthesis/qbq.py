@@ -1,4 +1,4 @@
-"""QbQ (Question-begets-Question) synthesis and selection (METHODS.md "QbQ"), pure.
+"""QbQ (Question-begets-Question) synthesis and selection (docs/methods.md#qbq), pure.
 
 One round: seeds S_t -> plan (3 of 5 operators per seed) -> one generation call per
 (seed, operator) -> reject -> score each variant with k rollouts -> R_t = SelectRL ->

@@ -1,8 +1,8 @@
 """SvS (self-play variational problem synthesis): the pure parts of one step.
 
 No jax, no network: the training loop passes sampled texts and scores in and
-gets prompts, problems, rewards and the training buffer out. Rules and
-numbers: METHODS.md "SvS".
+gets prompts, problems and rewards out (it builds the buffer's groups). Rules and
+numbers: docs/methods.md#svs.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ class SvSConfig:
   mode: str = "svs"                # "svs" or "eup" (second rollout instead of synthesis)
   refill_originals: bool = True    # False: the authors' loop, prompts_per_step originals sampled
                                    # once, the mixed ones kept; True: dynamic-sampling refill
+  template: str = "default"        # synthesis prompt: "default" (our wording), "arithmetic"
+                                   # (the procedural task's) or a file path
 
   def __post_init__(self):
     if not 0 <= self.under_lo <= self.under_hi <= 1:
@@ -84,29 +86,14 @@ class SvSConfig:
       raise ValueError(f"mode: unknown {self.mode!r}; expected svs|eup")
 
 
-@dataclasses.dataclass(frozen=True)
-class BufferGroup:
-  """One GRPO group of the mixed buffer: a prompt (text) and G scored responses.
-
-  kind: 1 original solving, 2 synthesis (solution -> problem), 3 synthetic solving.
-  answer: the reference the responses were scored against (for type 3: the ORIGINAL's).
-  """
-
-  kind: int
-  prompt: str
-  responses: tuple[str, ...]
-  rewards: tuple[float, ...]
-  answer: str | None = None
-  source: int = -1                 # index of the original problem
-
-
 def _mixed(rewards: Sequence[float]) -> bool:
   return len(set(rewards)) > 1
 
 
-def synthesis_group(prompt: str, syntheses: Sequence[str], synthetic_accs: Sequence[float | None],
-                    cfg: SvSConfig, source: int, rng: random.Random) -> BufferGroup | None:
-  """Type 2: the G_v syntheses of one correct response with their R_V rewards.
+def synthesis_rewards(synthetic_accs: Sequence[float | None], cfg: SvSConfig,
+                      rng: random.Random) -> tuple[float, ...] | None:
+  """Type 2: the R_V rewards of the G_v syntheses of one correct response, or None
+  when that synthesis group is not kept.
 
   synthetic_accs[k] is the solve accuracy of synthesis k's problem, or None when
   no problem could be extracted (reward 0). Kept only when rewards are mixed,
@@ -117,7 +104,7 @@ def synthesis_group(prompt: str, syntheses: Sequence[str], synthetic_accs: Seque
              for a in synthetic_accs]
   if not _mixed(rewards) or rng.random() >= cfg.type2_keep_ratio:
     return None
-  return BufferGroup(2, prompt, tuple(syntheses), tuple(rewards), None, source)
+  return tuple(rewards)
 
 
 def rejection_reason(acc: float | None, cfg: SvSConfig) -> str:

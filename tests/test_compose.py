@@ -1,5 +1,6 @@
-"""launch.compose, the Composition-RL dataset builder: plan, resume bookkeeping, rows, and
-end-to-end runs against the real vLLM test server (its tiny model's garbage is rejected)."""
+"""The Composition-RL dataset build (`rlvr.compose_run`, CLI `launch.compose`): plan, resume
+bookkeeping, rows, and end-to-end runs against the real vLLM test server (its tiny model's
+garbage is rejected)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import time
 
 import pytest
 
-from launch import compose as lc
+from rlvr import compose_run as cr
 from rlvr.data import read_dataset
+from rlvr.sampling.assistant import Assistant, AssistantError
 from synthesis import composition as comp
 from test_composition import Q1, Q2, Q3, generic_assistant
 
@@ -38,16 +40,16 @@ def _compose(out, source, url, *extra, wait=True, **kw):
 
 
 def _ids(path):
-  return [r["id"] for r in lc.read_rows(path)] if os.path.exists(path) else []
+  return [r["id"] for r in cr.read_rows(path)] if os.path.exists(path) else []
 
 
 def _check_report(out, n):
   """Every planned id finished once, in exactly one file, and the report adds up."""
-  acc, rej = lc.read_rows(out), lc.read_rows(lc.rejected_path(out))
+  acc, rej = cr.read_rows(out), cr.read_rows(cr.rejected_path(out))
   ids = [r["id"] for r in acc + rej]
   assert sorted(ids) == sorted(f"c{i}" for i in range(n)), ids
   for r in rej:
-    assert r["reason"] and r["stage"] in lc.STAGES and r["level"] >= 1, r
+    assert r["reason"] and r["stage"] in cr.STAGES and r["level"] >= 1, r
   with open(out + ".report.json") as f:
     report = json.load(f)
   assert (report["planned"], report["finished"]) == (n, n)
@@ -67,36 +69,36 @@ def test_finished_ids_ignore_a_line_cut_short_by_a_kill(tmp_path):
                                                           "answer": "2"}]
   with open(out, "w") as f:
     f.write("".join(json.dumps(r) + "\n" for r in good) + '{"id": "c2", "probl')
-  with open(lc.rejected_path(out), "w") as f:
+  with open(cr.rejected_path(out), "w") as f:
     # c3 finished; c4's line is whole JSON but lacks its newline: cut short all the same.
     f.write('{"id": "c3", "stage": "define", "reason": "missing tag"}\n'
             'not json at all\n{"id": "c4", "stage": "define", "reason": "missing tag"}')
-  assert lc.finished_ids(out) == {"c0", "c1", "c3"}
-  assert lc.finished_ids(str(tmp_path / "missing.jsonl")) == set()
-  assert lc.drop_partial_tail(out) == len('{"id": "c2", "probl')
-  assert lc.drop_partial_tail(out) == 0 and lc.drop_partial_tail(str(tmp_path / "none")) == 0
+  assert cr.finished_ids(out) == {"c0", "c1", "c3"}
+  assert cr.finished_ids(str(tmp_path / "missing.jsonl")) == set()
+  assert cr.drop_partial_tail(out) == len('{"id": "c2", "probl')
+  assert cr.drop_partial_tail(out) == 0 and cr.drop_partial_tail(str(tmp_path / "none")) == 0
   with open(out, "a") as f:   # appending after the repair gives whole lines only
     f.write(json.dumps({"id": "c2", "problem": "p2", "answer": "3"}) + "\n")
   assert _ids(out) == ["c0", "c1", "c2"]
   assert [e.answer for e in read_dataset(out, on_bad_row="error")] == ["1", "2", "3"]
   one_line = tmp_path / "one.jsonl"
   one_line.write_text('{"id": "c0", "pro')   # no newline anywhere: nothing survives
-  assert lc.drop_partial_tail(str(one_line)) == 17 and one_line.read_text() == ""
+  assert cr.drop_partial_tail(str(one_line)) == 17 and one_line.read_text() == ""
 
 
 def test_the_plan_is_fixed_by_the_seed_and_a_larger_n_extends_it():
-  problems = lc.load_problems(AIME, "aime")
-  plan = lc.make_plan(problems, None, 3, 6, 20, seed=0)
-  again = lc.make_plan(problems, None, 3, 10, 20, seed=0)
-  other = lc.make_plan(problems, None, 3, 6, 20, seed=1)
+  problems = cr.load_problems(AIME, "aime")
+  plan = cr.make_plan(problems, None, 3, 6, 20, seed=0)
+  again = cr.make_plan(problems, None, 3, 10, 20, seed=0)
+  other = cr.make_plan(problems, None, 3, 6, 20, seed=1)
   assert [p.id for p in plan] == [f"c{i}" for i in range(6)]
   assert [p.chain for p in plan] == [p.chain for p in again[:6]]
   assert [p.chain for p in plan] != [p.chain for p in other]
   for p in again:
     assert len(p.chain) == 3 and len({q.id for q in p.chain}) == 3
     assert all(comp.numbers_in(q.answer) for q in p.chain[:2])   # q1, q2 open a Compose
-  assert len({p.chain[0].id for p in lc.make_plan(problems, None, 2, 200, 5, 0)}) <= 5
-  pairs = lc.make_plan(problems[:10], problems[10:20], 2, 8, 20, seed=0)
+  assert len({p.chain[0].id for p in cr.make_plan(problems, None, 2, 200, 5, 0)}) <= 5
+  pairs = cr.make_plan(problems[:10], problems[10:20], 2, 8, 20, seed=0)
   assert all(a in problems[:10] and b in problems[10:20] for a, b in (p.chain for p in pairs))
   # The plan's own draws (no per-draw copy of the problem list) equal composition's.
   openers = [q for q in problems if comp.numbers_in(q.answer)]
@@ -115,13 +117,13 @@ def test_the_funnel_counts_each_id_once_per_level_and_stage():
          {"id": "c2", "level": 1, "stage": "v2", "reason": "v2 recomputation differs"},
          {"id": "c3", "level": 2, "stage": "define", "reason": "missing tag", "error": "long"},
          {"id": "c1", "level": 1, "stage": "define", "reason": "missing tag"}]   # duplicate
-  report = lc.funnel_report(acc, rej, depth=3, planned=5)
+  report = cr.funnel_report(acc, rej, depth=3, planned=5)
   assert (report["finished"], report["accepted"], report["rejected"]) == (4, 1, 3)
   steps = {(s["level"], s["stage"]): (s["entered"], s["passed"]) for s in report["funnel"]}
   assert len(steps) == 12 and steps[(1, "define")] == (4, 3) and steps[(1, "v2")] == (3, 2)
   assert steps[(2, "define")] == (2, 1) and steps[(2, "v3")] == (1, 1)
   assert report["server_refused"] == 1
-  assert "L2 define" in lc.format_report(report)
+  assert "L2 define" in cr.format_report(report)
 
 
 # ------------------------------------------------------------------ rows, flags, the assistant
@@ -139,9 +141,9 @@ def test_accepted_rows_carry_provenance_and_load_back_by_depth(tmp_path):
       return ""
 
   complete = lambda prompts, on_error=None: [answer(p) for p in prompts]
-  problems = lc.load_problems(src, "easy")
+  problems = cr.load_problems(src, "easy")
   for depth, n in ((2, 4), (3, 6)):
-    rows = [lc.compose_one(p, complete) for p in lc.make_plan(problems, None, depth, n, 20, 0)]
+    rows = [cr.compose_one(p, complete) for p in cr.make_plan(problems, None, depth, n, 20, 0)]
     acc = [r for r in rows if "problem" in r]
     rej = [r for r in rows if "problem" not in r]
     # The assistant replaces the first number of the last paragraph; Q1 states one
@@ -159,8 +161,8 @@ def test_accepted_rows_carry_provenance_and_load_back_by_depth(tmp_path):
       assert ex.problem.startswith((Q1, Q2, Q3)[int(row["source_ids"][0].split(":")[1])].text)
       assert row["x"] in row["relation"] and row["y"] in row["relation"] and row["v1"]
   second = _write_jsonl(tmp_path / "other.jsonl", [{"question": Q3.text, "ref_answer": 28}])
-  plan = lc.make_plan(problems, lc.load_problems(second, "other"), 2, 3, 20, 0)
-  rows = [lc.compose_one(p, complete) for p in plan]
+  plan = cr.make_plan(problems, cr.load_problems(second, "other"), 2, 3, 20, 0)
+  rows = [cr.compose_one(p, complete) for p in plan]
   assert [r["answer"] for r in rows] == ["28"] * 3
   assert all(r["source_ids"][1] == "other:0" for r in rows)
 
@@ -169,8 +171,8 @@ def test_an_unreachable_assistant_fails_fast_naming_the_url():
   from rlvr.sampling.vllm_server import free_port
   dead = f"http://127.0.0.1:{free_port()}"
   t0 = time.time()
-  with pytest.raises(lc.AssistantError, match=f"{dead}/v1/chat/completions: failed after 2"):
-    lc.Assistant(dead, "policy", retries=1, backoff_s=0.01, timeout_s=5).complete(["x"])
+  with pytest.raises(AssistantError, match=f"{dead}/v1/chat/completions: failed after 2"):
+    Assistant(dead, "policy", retries=1, backoff_s=0.01, timeout_s=5).complete(["x"])
   assert time.time() - t0 < 5
 
 
@@ -218,7 +220,7 @@ def test_garbage_from_the_served_tiny_model_is_rejected_and_counted(tmp_path, vl
   print(f"\n{r.stdout}\n({took:.1f}s; this run: {report['this_run']})")
   rerun = _compose(out, AIME, vllm_server.url, f"--n={n}", "--max_tokens=48")
   assert rerun.returncode == 0, rerun.stderr
-  assert sorted(_ids(out) + _ids(lc.rejected_path(out))) == sorted(r_["id"] for r_ in acc + rej)
+  assert sorted(_ids(out) + _ids(cr.rejected_path(out))) == sorted(r_["id"] for r_ in acc + rej)
 
 
 @pytest.mark.slow
@@ -230,12 +232,12 @@ def test_a_killed_run_resumes_without_duplicates_or_redone_work(tmp_path, vllm_s
   with open(tmp_path / "log", "w") as log:
     proc = _compose(out, AIME, vllm_server.url, *args, wait=False, stdout=log, stderr=log)
     deadline = time.time() + 300
-    while len(_ids(out) + _ids(lc.rejected_path(out))) < 1 and proc.poll() is None:
+    while len(_ids(out) + _ids(cr.rejected_path(out))) < 1 and proc.poll() is None:
       assert time.time() < deadline, "no composition finished in 300s"
       time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-  before = {r["id"]: r for r in lc.read_rows(out) + lc.read_rows(lc.rejected_path(out))}
+  before = {r["id"]: r for r in cr.read_rows(out) + cr.read_rows(cr.rejected_path(out))}
   assert 1 <= len(before) < n, f"the first run finished {len(before)} of {n} before the kill"
   r = _compose(out, AIME, vllm_server.url, *args)
   assert r.returncode == 0, r.stderr

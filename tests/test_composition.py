@@ -114,7 +114,125 @@ def test_numbers_are_parsed_exactly():
   assert comp.parse_number("1,000") == 1000 and comp.parse_number("$-3.5$") == Fraction(-7, 2)
   assert comp.parse_number("\\frac{3}{4}") == Fraction(3, 4) == comp.parse_number("3/4")
   assert comp.parse_number("None") is None and comp.parse_number("x+1") is None
-  assert comp.numbers_in("(2, \\frac{1}{2})") == [Fraction(1, 2), 2]
+  assert comp.numbers_in("(2, \\frac{1}{2})") == [2, Fraction(1, 2)]
+
+
+F = Fraction
+
+
+@pytest.mark.parametrize("text, numbers", [
+    # a minus between two terms subtracts
+    ("2x-7", [2, 7]),
+    ("5-3", [5, 3]),
+    ("10 - 4 = 6", [10, 4, 6]),
+    ("(x+1)-2", [1, 2]),
+    ("3^{2}-1", [3, 2, 1]),
+    ("2\\pi-3", [2, 3]),
+    ("1-\\frac{1}{2}", [1, F(1, 2)]),
+    # a comma that does not group thousands separates numbers
+    ("(2,3)", [2, 3]),
+    ("[1,2,3]", [1, 2, 3]),
+    ("2, 3", [2, 3]),
+    ("[1,200,3]", [1, 200, 3]),
+    ("(1,000, 2)", [1000, 2]),
+    # the sign of a negative fraction
+    ("-\\frac{1}{2}", [F(-1, 2)]),
+    ("x = -\\dfrac{3}{4}", [F(-3, 4)]),
+    ("-\\tfrac{1}{3}", [F(-1, 3)]),
+    ("-\\frac12", [F(-1, 2)]),
+    ("\\frac{-5}{2}", [F(-5, 2)]),
+    ("$-\\frac{7}{3}$", [F(-7, 3)]),
+    # signs after operators, words and commands; decimals, thousands, fractions
+    ("-7", [-7]),
+    ("x = -3", [-3]),
+    ("(-2, 5)", [-2, 5]),
+    ("[1,-2]", [1, -2]),
+    ("5 - -3", [5, -3]),
+    ("x \\le -3", [-3]),
+    ("roots 2 and -3, between -1 and 1", [2, -3, -1, 1]),
+    ("2 \\cdot -4", [2, -4]),
+    ("10^{-3}", [10, -3]),
+    ("x = \u22122", [-2]),
+    ("3.25 and -0.5", [F(13, 4), F(-1, 2)]),
+    ("1,000", [1000]),
+    ("12,345,678.5", [F(24691357, 2)]),
+    ("1{,}000", [1000]),
+    ("3/4 and -3/4", [F(3, 4), F(-3, 4)]),
+    ("\\frac{3}{4} of 12", [F(3, 4), 12]),
+    ("\\frac{\\sqrt{3}}{2}", [3, 2]),
+    ("1/0 or \\frac{1}{0}", []),
+])
+def test_numbers_in_reads_each_number_as_written(text, numbers):
+  assert comp.numbers_in(text) == numbers
+
+
+@pytest.mark.parametrize("text, number", [
+    ("-7", -7),
+    ("$-3.5$", F(-7, 2)),
+    ("- 3", -3),
+    ("1,000", 1000),
+    ("1 000", 1000),
+    ("3 / 4", F(3, 4)),
+    ("-\\frac{1}{2}", F(-1, 2)),
+    ("-\\dfrac{3}{4}", F(-3, 4)),
+    ("\\tfrac{1}{3}", F(1, 3)),
+    ("\\frac12", F(1, 2)),
+    ("\\frac {3} {4}", F(3, 4)),
+    ("2,3", None),
+    ("2, 3", None),
+    ("(2,3)", None),
+    ("1,00", None),
+    ("5-3", None),
+    ("2x-7", None),
+    ("1/0", None),
+    ("\\frac{1}{0}", None),
+    ("", None),
+])
+def test_parse_number_reads_one_whole_number_or_none(text, number):
+  assert comp.parse_number(text) == number
+
+
+def composing_q1_with(answer, v1):
+  """Q1 with `answer`, composed with Q2 by an assistant that takes v1 from the answer."""
+  q1 = Problem(Q1.text, answer, "a")
+  outputs = dict(GOOD, define=GOOD["define"].replace("<value>6</value>", f"<value>{v1}</value>"),
+                 relate=f"<relation>Y differs from X.</relation>"
+                        f"<difference>{F(v1) - 3}</difference>",
+                 v1=f"<value>{v1}</value>")
+  [out] = comp.compose([(q1, Q2)], scripted(outputs))
+  return out
+
+
+@pytest.mark.parametrize("answer, v1, accepted", [
+    ("(2,3)", "2", True),
+    ("(2,3)", "23", False),
+    ("[1,2,3]", "3", True),
+    ("[1,2,3]", "123", False),
+    ("-\\frac{1}{2}", "-1/2", True),
+    ("-\\frac{1}{2}", "1/2", False),
+    ("x = -\\dfrac{3}{4}", "-3/4", True),
+    ("2x-7", "7", True),
+    ("2x-7", "-7", False),
+    ("1,000", "1000", True),
+])
+def test_v1_must_be_a_number_as_written_in_the_answer(answer, v1, accepted):
+  out = composing_q1_with(answer, v1)
+  if accepted:
+    assert out.reason == "accepted" and out.composed.v1 == str(F(v1)), out
+  else:
+    assert (out.stage, out.reason) == ("define", "value is not a number of the answer")
+
+
+@pytest.mark.parametrize("removed, reason", [("3", "accepted"),
+                                             ("-3", "removed constant is not in the problem")])
+def test_a_subtracted_constant_of_q2_is_replaced_without_its_minus(removed, reason):
+  q2 = Problem("What is 10-3?", "7", "b")
+  outputs = dict(GOOD, replace=f"<variable>Y</variable><removed>{removed}</removed>"
+                               "<problem>What is 10-Y?</problem>")
+  [out] = comp.compose([(Q1, q2)], scripted(outputs))
+  assert out.reason == reason
+  if reason == "accepted":
+    assert out.composed.v2 == "3" and "What is 10-Y?" in out.composed.problem.text
 
 
 def generic_assistant(prompts):

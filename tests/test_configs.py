@@ -133,7 +133,7 @@ def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
                        "--config.rl.learner.micro_batches=4", "--print_config"],
                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert ok.returncode == 0, ok.stderr[-2000:]
-  assert "micro_batches: 4" in ok.stdout and "svs_template: arithmetic" in ok.stdout
+  assert "micro_batches: 4" in ok.stdout and "template: arithmetic" in ok.stdout
   bad = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
                         "--config.rl.learner.micro_batchs=4"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -141,3 +141,57 @@ def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
   lines = bad.stderr.strip().splitlines()
   assert len(lines) == 1 and "micro_batchs" in lines[0] and "micro_batches" in lines[0], lines
   assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_passes_the_start_up_checks(name):
+  from rlvr import experiment
+  c = importlib.import_module(f"configs.{name}").get_config()
+  if c.sampler.kind == "vllm":   # paper configs take their servers by flag
+    c.sampler.urls = ["http://localhost:8000"]
+  checked = experiment.check(c)
+  assert checked.rl_loop.group_size >= 2 and checked.checkpoint.every >= 1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rl.learner.learning_rate=-1e-4", "rl.learner.learning_rate: must be > 0, got -0.0001"),
+    ("sft.learner.learning_rate=-0.001", "sft.learner.learning_rate: must be > 0, got -0.001"),
+    ("rl.steps=-3", "rl.steps: must be >= 0, got -3"),
+    ("rl.loop.group_size=1", "rl.loop.group_size: GRPO needs >= 2 responses per prompt, got 1"),
+    ("rl.learner.b2=1.0", "rl.learner.b2: must be in [0, 1), got 1.0"),
+    ("sft.steps=-1", "sft.steps / batch_size: must be >= 0 / >= 1, got -1 / 32"),
+    ("checkpoint.every=0", "checkpoint.every / keep: must be >= 1, got 0 / 2"),
+    ("eval.sampling.n=0", "eval.sampling.n: must be >= 1, got 0"),
+    ("eval.sampling.top_p=0.0", "eval.sampling.temperature / top_p / top_k: must be >= 0 / "
+     "in (0, 1] / >= 0, got 1.0 / 0.0 / 0"),
+    ("eval.every=-1", "eval.every: must be >= 0 (0 = before and after RL only), got -1"),
+    ("data.arithmetic.n_train=-5", "data.arithmetic.n_train: must be >= 0, got -5"),
+    ("data.on_bad_row=warn", "data.on_bad_row: unknown 'warn'; expected skip|error"),
+    ("sampler.kind=vllm", "sampler.urls: the vllm sampler needs at least one server URL"),
+    ("sampler.max_concurrency=0", "sampler.max_concurrency: must be >= 1, got 0"),
+    ("sampler.retries=-1", "sampler.retries: must be an int >= 0, got -1"),
+])
+def test_a_bad_setting_is_refused_in_one_line_naming_it(override, message):
+  from rlvr import experiment
+  c = _load("tiny_rlvr", f"--config.{override}")
+  with pytest.raises(ValueError) as e:
+    experiment.check(c)
+  assert str(e.value) == message
+
+
+def test_a_rerun_with_other_settings_for_a_finished_phase_stops(tmp_path):
+  from rlvr import runner
+  c = _load("tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50")
+  run = runner.setup(c)
+  runner.check_phases(run)                 # first run: settings recorded
+  runner.check_phases(runner.setup(c))     # same settings: reused
+  for override, message in (
+      ("--config.sft.steps=60", "sft.steps: the sft phase recorded in "
+       f"{tmp_path}/progress.json ran with 400, this run asks for 60"),
+      ("--config.eval.sampling.n=8", "eval.sampling.n: the eval phase recorded in "
+       f"{tmp_path}/progress.json ran with 4, this run asks for 8")):
+    changed = _load("tiny_rlvr", f"--config.workdir={tmp_path}",
+                    "--config.data.arithmetic.n_train=50", override)
+    with pytest.raises(ValueError) as e:
+      runner.check_phases(runner.setup(changed))
+    assert str(e.value).startswith(message), str(e.value)

@@ -1,4 +1,4 @@
-"""GRPO maths against a plain numpy transcription of the equations (METHODS.md)."""
+"""GRPO maths against a plain numpy transcription of the equations (docs/methods.md#grpo)."""
 
 from __future__ import annotations
 

@@ -174,7 +174,7 @@ def test_bad_sampling_params_are_named():
 
 def test_a_prompt_near_the_context_limit_fits_without_power_of_two_buckets(setup):
   """1,100 prompt tokens + 256 new fit 2,048 positions, though 2,048 + 256 buckets do not
-  (the README's evaluate command on MATH with the tiny model used to crash here)."""
+  (as the README's evaluate command on MATH with the tiny model needs)."""
   cfg, params, _, sampler = setup
   assert cfg.max_position_embeddings == 2048
   long_prompt = [5 + (i % 50) for i in range(1100)]
@@ -245,7 +245,7 @@ def test_repetition_penalty_greedy_matches_reference_and_keeps_raw_logprobs(setu
 
 def test_row_keys_are_the_per_request_keys():
   """The vectorised key derivation gives every row fold_in(PRNGKey(seed + prompt), sample),
-  as the per-row loop it replaced did (seeds up to the top of step_seed's range)."""
+  the same key as deriving each row's on its own (seeds up to the top of step_seed's range)."""
   from rlvr.sampling.jax_sampler import _row_keys
   for base in (0, 7, 2 ** 31 - 3):
     pi, si = np.repeat(np.arange(5), 3), np.tile(np.arange(3), 5)

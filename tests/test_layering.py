@@ -1,7 +1,7 @@
-"""The import structure DESIGN.md asks for, read from the source with `ast`:
+"""The import structure of docs/architecture.md#layering, read from the source with `ast`:
 no import cycle, pure `synthesis/`, a model and sharding layer that know nothing
-of the trainer, a runner that knows methods only through `methods.make`, and
-nothing importing `launch/`."""
+of the trainer, a runner that knows methods only through `methods.make`,
+nothing importing `launch/`, and one HTTP core for every server client."""
 
 from __future__ import annotations
 
@@ -88,7 +88,15 @@ def test_synthesis_is_pure():
     ("rlvr.model", ("rlvr.model", "rlvr.sharding")),
     ("rlvr.sharding", ()),
     ("rlvr.sampling", ("rlvr.sampling", "rlvr.model", "rlvr.sharding")),
+    ("rlvr.sampling.http", ()),
     ("rlvr.grpo", ()),
+    ("rlvr.model.lowp", ()),
+    ("rlvr.packing", ("rlvr.grpo",)),
+    ("rlvr.learner", ("rlvr.grpo", "rlvr.sharding", "rlvr.lora", "rlvr.model", "rlvr.packing")),
+    ("rlvr.ppo", ("rlvr.grpo", "rlvr.learner", "rlvr.packing")),
+    ("rlvr.compose_run", ("rlvr.data", "rlvr.sampling.assistant", "synthesis")),
+    ("rlvr.methods.qbq_store", ("rlvr.distributed", "synthesis")),
+    ("rlvr.methods.qbq_teachers", ("rlvr.sampling.assistant", "rlvr.tasks", "synthesis")),
 ])
 def test_lower_layers_import_nothing_above_them(layer, allowed):
   bad = {(m, d) for m, d in _deps(layer)
@@ -100,6 +108,24 @@ def test_nothing_imports_launch():
   bad = {(m, d) for m, deps in GRAPH.items() if not m.startswith("launch")
          for d in deps if d.split(".")[0] == "launch"}
   assert not bad, bad
+
+
+def test_only_launch_runs_a_composition_build():
+  bad = {m for m, deps in GRAPH.items() if "rlvr.compose_run" in deps
+         and not m.startswith("launch")}
+  assert not bad, bad
+
+
+def test_one_http_core():
+  """Making sessions, the auth header and the API key's variable: rlvr.sampling.http alone."""
+  found = set()
+  for name, path in MODULES.items():
+    for node in ast.walk(ast.parse(open(path).read())):
+      if (isinstance(node, ast.Constant) and node.value in ("Authorization", "VLLM_API_KEY")
+          or isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == "Session"):
+        found.add(name)
+  assert found == {"rlvr.sampling.http"}, found
 
 
 def test_runner_knows_no_task_synthesis_or_method():
@@ -120,4 +146,16 @@ def test_no_module_level_getattr():
   bad = [m for m, path in MODULES.items()
          if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__"
                 for n in ast.parse(open(path).read()).body)]
+  assert not bad, bad
+
+
+def test_no_method_hook_is_probed():
+  """Methods are met through `methods.base.Method`'s declared hooks, never getattr/hasattr."""
+  bad = set()
+  for name in ("rlvr.loop", "rlvr.ppo", "rlvr.runner"):
+    for node in ast.walk(ast.parse(open(MODULES[name]).read())):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+          and node.func.id in ("getattr", "hasattr") and node.args
+          and isinstance(node.args[0], ast.Name) and node.args[0].id == "method"):
+        bad.add((name, node.lineno))
   assert not bad, bad

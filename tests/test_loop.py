@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlvr import loop, model
+from rlvr import loop, model, packing
 from rlvr.methods import plain
 from rlvr.sampling import JaxSampler
 
@@ -67,7 +67,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   assert all(g.mixed for g in kept)
   assert len(sampled) == state["i"] >= len(kept)
   assert set(id(g) for g in kept) <= set(id(g) for g in sampled)
-  arrays = loop.build_batch(kept, RL, tok.pad_token_id)
+  arrays = packing.build_batch(kept, RL, tok.pad_token_id)
   assert arrays["tokens_bt"].shape == (RL.rows, RL.seq_len)
   # advantages: zero-mean within each group, completion tokens in the loss only
   adv = arrays["advantages_b"].reshape(RL.prompts_per_step, RL.group_size)

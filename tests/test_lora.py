@@ -193,7 +193,7 @@ def test_training_moves_only_the_adapters(trained):
   assert isinstance(state, learner.LoraTrainState) and int(state.step) == 3
   full = jax.eval_shape(lambda p: learner.new_state(p, jax.random.PRNGKey(0),
                                                     learner.LearnerConfig()), params)
-  assert type(full) is learner.TrainState     # full fine-tuning's state (and checkpoints) as before
+  assert type(full) is learner.TrainState     # full fine-tuning: the plain state, its checkpoints
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
                state.base, params)                           # base bit-identical
   fresh = lora.init_adapters(params, lc.lora, jax.random.fold_in(jax.random.PRNGKey(0),

@@ -1,5 +1,5 @@
 """Several optimizer steps per rollout batch (verl's PPO mini-batches): one mini-batch is
-today's update bit for bit; with four, the later steps are off-policy (ratio != 1,
+the single-step update bit for bit; with four, the later steps are off-policy (ratio != 1,
 clipping binds) and equal a hand-run sequence of single updates with the same old logprobs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rlvr import learner, loop, model
+from rlvr import learner, loop, model, packing, ppo
 from rlvr.sampling import JaxSampler
 
 from rules import even_length
@@ -43,11 +43,11 @@ def test_one_mini_batch_is_todays_update_bit_for_bit(rollout, one_device_learner
   results = []
   for rl in (RL, dataclasses.replace(RL, ppo_mini_batch_size=RL.prompts_per_step)):
     state, update, to_batch = one_device_learner(cfg, params, LR)
-    state, m = loop.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=0)
+    state, m = ppo.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=0)
     assert m["optimizer_steps"] == 1 and m["ratio_max"] == 1.0
     results.append(_params(state))
-  state, update, to_batch = one_device_learner(cfg, params, LR)   # today's call
-  state, _ = update(state, to_batch(loop.build_batch(groups, RL, pad)))
+  state, update, to_batch = one_device_learner(cfg, params, LR)   # the update called directly
+  state, _ = update(state, to_batch(packing.build_batch(groups, RL, pad)))
   for a, b, c in zip(*results, _params(state)):
     assert np.array_equal(a, b) and np.array_equal(a, c)
 
@@ -56,14 +56,15 @@ def test_four_mini_batches_are_off_policy_and_equal_single_updates(rollout, one_
   cfg, params, pad, groups = rollout
   rl = dataclasses.replace(RL, ppo_mini_batch_size=2)
   logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(learning_rate=LR))
-  chunks = loop.mini_batches(groups, rl, np.random.default_rng(0))
+  chunks = ppo.mini_batches(groups, rl, np.random.default_rng(0))
   assert [len(c) for c in chunks] == [2, 2, 2, 2]
   assert sorted(id(g) for c in chunks for g in c) == sorted(id(g) for g in groups)
 
   state, update, to_batch = one_device_learner(cfg, params, LR)
-  batches = [to_batch(loop.build_batch(c, rl, pad, min_rows=rl.mini_batch_rows)) for c in chunks]
+  batches = [to_batch(packing.build_batch(c, rl, pad, min_rows=rl.mini_batch_rows))
+             for c in chunks]
   assert batches[0].tokens_bt.shape[0] == 2 * RL.group_size
-  state, steps, kl = loop.multi_step_update(state, update, logp_fn, batches)
+  state, steps, kl = ppo.multi_step_update(state, update, logp_fn, batches)
   assert len(steps) == 4 and kl > 0
   assert float(steps[0]["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
   later = steps[1:]
@@ -87,18 +88,18 @@ def test_update_on_buffer_reports_the_steps(rollout, one_device_learner):
   rl = dataclasses.replace(RL, ppo_mini_batch_size=4, ppo_epochs=2)
   logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(learning_rate=LR))
   state, update, to_batch = one_device_learner(cfg, params, LR)
-  state, m = loop.update_on_buffer(state, update, logp_fn, groups, rl, pad, to_batch, step=3)
+  state, m = ppo.update_on_buffer(state, update, logp_fn, groups, rl, pad, to_batch, step=3)
   assert m["optimizer_steps"] == 4 and int(state.step) == 4
   assert m["kl_first_last"] > 0 and m["ratio_min"] <= 1.0 <= m["ratio_max"]
   with pytest.raises(ValueError, match="logp_fn"):
-    loop.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=3)
+    ppo.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=3)
 
 
 def test_first_fit_and_packed_layout():
-  assert learner.first_fit([5, 9, 3, 7, 4], 12) == [[1, 2], [3, 0], [4]]   # 9+3, 7+5, 4
-  assert learner.first_fit([20, 2], 8) == [[0], [1]]   # too long: a row to itself
+  assert packing.first_fit([5, 9, 3, 7, 4], 12) == [[1, 2], [3, 0], [4]]   # 9+3, 7+5, 4
+  assert packing.first_fit([20, 2], 8) == [[0], [1]]   # too long: a row to itself
   rows = [((1, 2), (3, 4, 5), [-0.1, -0.2, -0.3]), ((6,), (7,), None), ((8, 9, 10), (11,), None)]
-  a = learner.pack_rows(rows, 3, 8, pad_id=0, bins=[[0, 1], [2]])
+  a = packing.pack_rows(rows, 3, 8, pad_id=0, bins=[[0, 1], [2]])
   assert a["tokens_bt"][0].tolist() == [1, 2, 3, 4, 5, 6, 7, 0]
   assert a["segment_bt"][0].tolist() == [1, 1, 1, 1, 1, 2, 2, 0]
   assert a["positions_bt"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 0]
@@ -107,7 +108,7 @@ def test_first_fit_and_packed_layout():
   assert a["sequence_bt"][1].tolist() == [2] * 4 + [-1] * 4
   assert not a["segment_bt"][2].any()
   with pytest.raises(ValueError, match="n_rows=1"):
-    learner.pack_rows(rows, 1, 8, bins=[[0], [1, 2]])
+    packing.pack_rows(rows, 1, 8, bins=[[0], [1, 2]])
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
@@ -117,7 +118,7 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
   masked, each aggregation), on far fewer padding tokens."""
   cfg, params, pad, groups = rollout
   packed_rl = dataclasses.replace(RL, pack=True, pack_len=48, pack_min_rows=2)
-  plain, packed = (loop.build_batch(groups, rl, pad) for rl in (RL, packed_rl))
+  plain, packed = (packing.build_batch(groups, rl, pad) for rl in (RL, packed_rl))
   assert packed["segment_bt"].max() > 2
   assert packed["tokens_bt"].size < plain["tokens_bt"].size
   assert (packed["segment_bt"] == 0).sum() <= (plain["segment_bt"] == 0).sum() / 2   # padding
@@ -149,7 +150,7 @@ def test_old_logprobs_are_computed_per_micro_batch(rollout):
   memory, not the whole buffer's) and puts every row back in place."""
   cfg, params, pad, groups = rollout
   batch = learner.TrainBatch(**{k: jax.numpy.asarray(v)
-                                for k, v in loop.build_batch(groups, RL, pad).items()})
+                                for k, v in packing.build_batch(groups, RL, pad).items()})
   whole, split = (np.asarray(learner.make_logprob_fn(cfg, learner.LearnerConfig(
       micro_batches=m))(params, batch)) for m in (1, 4))
   np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-5)

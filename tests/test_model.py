@@ -256,7 +256,7 @@ def test_save_hf_rejects_params_of_another_config(tiny_dirs, tmp_path):
 
 @pytest.mark.parametrize("shape", [(64, 48, 80), (30, 17, 9)])
 def test_low_precision_matmul_and_grads_match_float64(shape):
-  """bf16 on CPU goes through `decoder._lowp_matmul` (f32 accumulation, backward dots
+  """bf16 on CPU goes through `lowp.matmul` (f32 accumulation, backward dots
   re-laid out, x^T kept as the residual): values and both gradients equal the float64
   products of the same bf16 inputs to bf16 rounding, and the f32 path is untouched."""
   from rlvr.model import decoder
@@ -281,14 +281,14 @@ def test_low_precision_matmul_and_grads_match_float64(shape):
 
 
 def test_logits_matmul_keeps_f32_logits_and_rounds_only_the_gradient():
-  """`decoder.logits_matmul` in bf16 on CPU: f32 logits of the bf16 inputs (f32 sums,
+  """`lowp.logits_matmul` in bf16 on CPU: f32 logits of the bf16 inputs (f32 sums,
   no bf16 rounding of the logits), gradients from the bf16-rounded cotangent."""
-  from rlvr.model import decoder
+  from rlvr.model import lowp
   rng = np.random.RandomState(1)
   x = jnp.asarray(rng.randn(24, 40), jnp.bfloat16)
   w = jnp.asarray(rng.randn(40, 96) / np.sqrt(40), jnp.float32)   # f32 master weights
   g = jnp.asarray(rng.randn(24, 96), jnp.float32)
-  z, vjp = jax.vjp(decoder.logits_matmul, x, w)
+  z, vjp = jax.vjp(lowp.logits_matmul, x, w)
   dx, dw = vjp(g)
   assert z.dtype == jnp.float32 and dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
   x64 = np.asarray(x, np.float64)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from rlvr.methods import qbq as qbq_method
+from rlvr.methods import qbq_teachers
 from rlvr.tasks import arithmetic, variants
 from synthesis import qbq
 
@@ -56,7 +57,7 @@ def test_procedural_variants_have_exact_new_answers():
 def test_procedural_teacher_rows_carry_lineage_and_reasons():
   seeds = [qbq.Variant(f"pool-{i}", "", "", p.problem, p.answer)
            for i, p in enumerate(arithmetic.generate(20, seed=5, max_operand=9))]
-  rows = qbq_method.procedural_variants(seeds, 3, salt="0")
+  rows = qbq_teachers.procedural_variants(seeds, 3, salt="0")
   assert len(rows) == 60
   for r in rows:
     assert r["id"] == f"{r['parent_id']}/{r['operator']}"
@@ -71,7 +72,7 @@ def test_llm_teacher_on_the_real_vllm_server_rejects_garbage_with_reasons(vllm_s
   teacher = Assistant(vllm_server.url, "policy", temperature=1.0, top_p=1.0, max_tokens=24)
   seeds = [qbq.Variant("s0", "", "", "Compute 3+4*2.", "11"),
            qbq.Variant("s1", "", "", "Compute 9-2-3.", "4")]
-  rows = qbq_method.llm_variants(seeds, teacher.complete, 3, integer_answers=True)
+  rows = qbq_teachers.llm_variants(seeds, teacher.complete, 3, integer_answers=True)
   teacher.close()
   assert len(rows) == 6 and teacher.requests >= 2 + 6
   assert {r["parent_id"] for r in rows} == {"s0", "s1"}
@@ -82,10 +83,10 @@ def test_llm_teacher_on_the_real_vllm_server_rejects_garbage_with_reasons(vllm_s
 
 def test_reset_optimizer_equals_a_fresh_optimizer(one_device_learner, tiny_dirs):
   import jax
-  from rlvr import learner, model
+  from rlvr import learner, model, packing
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   state, update, to_batch = one_device_learner(cfg, params, 1e-3)
-  arrays = learner.pack_rows([((1, 2, 3), (4, 5, 6), None)], 2, 16, 0)
+  arrays = packing.pack_rows([((1, 2, 3), (4, 5, 6), None)], 2, 16, 0)
   batch = to_batch(dict(arrays, advantages_b=np.array([1.0, 0.0], np.float32)))
   fresh = [np.asarray(a) for a in jax.tree.leaves(state.opt_state)]
   stepped, _ = update(state, batch)      # donates `state`

@@ -220,7 +220,7 @@ def test_print_config_prints_the_resolved_config():
   [command] = readme("python -m launch.train --config=configs/tiny.py --print_config")
   out = run(argv(command), timeout=300)
   # tiny.py's own settings over base.py's, one of them from tiny_rlvr.py it extends
-  for line in ("workdir: workdir/tiny", "method: svs", "svs_template: arithmetic",
+  for line in ("workdir: workdir/tiny", "method: svs", "template: arithmetic",
                "max_prompt_len: 64", "kind: arithmetic"):
     assert line in out.stdout, line
 

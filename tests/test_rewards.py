@@ -1,7 +1,7 @@
 """Rewards: extraction, math-verify equivalence, and a pool that survives hangs and crashes.
 
 Real math-verify throughout; real MATH-500 reference solutions and AIME answers
-from ../shared/data. One module-scoped pool keeps worker start-up out of the
+from tests/data/math_aime_eval.parquet. One module-scoped pool keeps worker start-up out of the
 per-test time.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from rlvr import rewards, shaping
 from rlvr.rewards import RewardConfig, RewardPool, equivalence
 
-DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "math_aime_eval.parquet"
+DATA = pathlib.Path(__file__).resolve().parent / "data" / "math_aime_eval.parquet"
 QBQ = RewardConfig(integer_answers=True)   # + rlvr.shaping format bonus 0.1 (BONUSES)
 # A tower whose evaluation never ends: sympy keeps multiplying huge integers.
 TOWER = r"9^{9^{9^{9^{9}}}}"

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from rlvr import learner, model, shaping
+from rlvr import learner, model, packing, shaping
 
 L_MAX, L_CACHE = 100, 20
 
@@ -46,14 +46,14 @@ def test_all_m_normaliser_divides_by_every_completion(tiny_dirs):
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   rows = [((5, 6, 7), (8, 9, 10, 11), None), ((5, 6, 7), (12, 13), None),
           ((5, 6, 7), (14, 15, 16), None), ((5, 6, 7), (17, 18, 19, 20, 21), None)]
-  arrays = learner.pack_rows(rows, 4, 16)
+  arrays = packing.pack_rows(rows, 4, 16)
   arrays.update(advantages_b=np.array([1.0, -1.0, 0.5, -0.5], np.float32),
                 truncated_b=np.array([False, False, False, True]))
   batch = learner.TrainBatch(**{k: jax.device_put(v) for k, v in arrays.items()})
   loss = {}
   for normalize_all in (False, True):
     lc = learner.LearnerConfig(aggregation="seq-mean-token-mean", mask_truncated=True,
-                               normalize_all=normalize_all, learning_rate=0.0)
+                               normalize_all=normalize_all)   # loss of the step's own params
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1),
                              ("data", "fsdp", "tensor"))
     state = learner.init_state(cfg, lc, params, mesh)

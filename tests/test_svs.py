@@ -60,11 +60,10 @@ def test_synthesis_groups_need_mixed_rewards():
   cfg = svs.SvSConfig()
   rng = random.Random(0)
   # all in band -> all R_V = 1 -> dropped; all unparseable -> all 0 -> dropped
-  assert svs.synthesis_group("p", ["s"] * 8, [0.25] * 8, cfg, 0, rng) is None
-  assert svs.synthesis_group("p", ["s"] * 8, [None] * 8, cfg, 0, rng) is None
-  g = svs.synthesis_group("p", ["s"] * 8, [0.25, 1.0, None, 0.0, 0.625, 0.75, 0.125, 0.5],
-                          cfg, 3, rng)
-  assert g.kind == 2 and g.rewards == (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0)
+  assert svs.synthesis_rewards([0.25] * 8, cfg, rng) is None
+  assert svs.synthesis_rewards([None] * 8, cfg, rng) is None
+  rewards = svs.synthesis_rewards([0.25, 1.0, None, 0.0, 0.625, 0.75, 0.125, 0.5], cfg, rng)
+  assert rewards == (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0)
   assert [svs.rejection_reason(a, cfg) for a in (None, 0.0, 0.25, 0.75)] == \
       ["unparseable", "too_hard", "accepted", "too_easy"]
 
@@ -72,8 +71,7 @@ def test_synthesis_groups_need_mixed_rewards():
 def test_type2_keep_ratio_subsamples():
   cfg = svs.SvSConfig(type2_keep_ratio=0.2)
   rng = random.Random(1)
-  kept = sum(svs.synthesis_group("p", ["s"] * 8, [0.25, 1.0] * 4, cfg, 0, rng) is not None
-             for _ in range(1000))
+  kept = sum(svs.synthesis_rewards([0.25, 1.0] * 4, cfg, rng) is not None for _ in range(1000))
   assert 150 < kept < 250
 
 

@@ -1,17 +1,19 @@
 """The contract every RL method meets, and the prompt pool most of them draw from.
 
 A method builds the data of one update; `rlvr.loop.rl_step` does the rest
-(batch, update, weight sync, timings) identically for all. A method is made
-by a factory `make(cfg, train) -> Method` from the run's ConfigDict (it reads
-and validates its own section) and the training prompts, and must carry in
-`state()` everything a resumed run needs to continue where it stopped (data
-position, curriculum stage, question bank); the runner stores that dict in the
-checkpoint metadata and hands it back to `restore`.
+(rollout metrics, batch, update, weight sync, timings) identically for all. A
+method is made by a factory `make(cfg, train) -> Method` from the run's
+ConfigDict (it reads and validates its own section) and the training prompts,
+and must carry in `state()` everything a resumed run needs to continue where it
+stopped (data position, curriculum stage, question bank); the runner stores that
+dict in the checkpoint metadata and hands it back to `restore`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+import abc
+import types
+from typing import Any, Mapping, Sequence
 
 from rlvr.data import DataStream
 from rlvr.loop import Group, Prompt, StepEnv
@@ -19,29 +21,44 @@ from rlvr.loop import Group, Prompt, StepEnv
 __all__ = ["Group", "Method", "Prompt", "PromptPool", "StepEnv"]
 
 
-class Method(Protocol):
-  """One RL method: the runner knows methods only through this."""
+class Method(abc.ABC):
+  """One RL method: the runner and `loop.rl_step` know methods only through this.
+
+  A subclass names itself and builds buffers, states and restores; the other
+  hooks default to "nothing of its own".
+  """
 
   name: str                          # also the name of its plot, `<name>.png`
-  plot_keys: tuple[str, ...]         # metrics of its own plot; () for none
-  progress_keys: Mapping[str, str]   # progress-bar label -> metric key
-  # Optional: a metric whose truthy steps are marked on the method's plot (e.g. the
-  # curriculum's depth switches); methods without it mark nothing.
-  # mark_key: str
-  # Optional: `resets_optimizer(step) -> bool`, True where the step's update starts from
-  # fresh optimizer moments (QbQ re-initialises AdamW every round).
+  plot_keys: tuple[str, ...] = ()    # metrics of its own plot; () for none
+  progress_keys: Mapping[str, str] = types.MappingProxyType({})   # progress label -> metric
+  mark_key: str = ""                 # a metric whose truthy steps its plot marks (e.g. the
+                                     # curriculum's depth switches); "" marks nothing
 
+  @abc.abstractmethod
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
-    """The scored groups of one update (may be empty: the update is skipped) + metrics."""
+    """The scored groups of one update (may be empty: the update is skipped) + metrics.
 
+    The rollouts the step's metrics describe go to `env.report_rollouts`
+    (`loop.gather_groups` reports its own).
+    """
+
+  @abc.abstractmethod
   def state(self) -> dict[str, Any]:
     """JSON-able state that a resumed run needs."""
 
+  @abc.abstractmethod
   def restore(self, state: Mapping[str, Any]) -> None:
     """Continues from a `state()` dict saved by an earlier invocation."""
 
+  def resets_optimizer(self, step: int) -> bool:
+    """True where the step's update starts from fresh optimizer moments (QbQ: every round)."""
+    del step
+    return False
+
   def summary(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Fields this method adds to summary.json, from all metrics rows of the run."""
+    del rows
+    return {}
 
 
 class PromptPool:

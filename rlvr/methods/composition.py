@@ -17,8 +17,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from rlvr import loop, settings
-from rlvr.methods.base import Group, Prompt, PromptPool, StepEnv
+import numpy as np
+
+from rlvr import loop, metrics as metrics_lib, settings
+from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 from synthesis.composition import Curriculum, CurriculumConfig
 
 _DEPTH = re.compile(r"-d(\d+)$")
@@ -30,7 +32,7 @@ def depth_of(prompt: Prompt) -> int:
   return int(m.group(1)) if m else 1
 
 
-class Composition:
+class Composition(Method):
   """Draws the current depth's prompts; moves to the next depth by the curriculum rule."""
 
   name = "composition"
@@ -52,10 +54,10 @@ class Composition:
 
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
     depth = self.curriculum.depth
-    kept, sampled, rounds = loop.gather_groups(env, self.pools[depth].draw, step)
-    m = loop.rollout_metrics(sampled, kept, rounds, env.rl)
-    switched = self.curriculum.record(m["solve_all"])
-    return kept, dict(m, depth=depth, depth_switch=int(switched))
+    kept, sampled, _ = loop.gather_groups(env, self.pools[depth].draw, step)
+    solve_all = metrics_lib.group_stats(np.stack([g.correct for g in sampled]))["solve_all"]
+    switched = self.curriculum.record(solve_all)
+    return kept, {"depth": depth, "depth_switch": int(switched)}
 
   def state(self) -> dict[str, Any]:
     return {"pools": {str(d): p.state() for d, p in self.pools.items()},

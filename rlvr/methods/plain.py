@@ -5,32 +5,26 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rlvr import loop
-from rlvr.methods.base import Group, Prompt, PromptPool, StepEnv
+from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 
 
-class Plain:
+class Plain(Method):
   """Draws prompts, samples G responses each, keeps groups with mixed rewards."""
 
   name = "rlvr"
-  plot_keys: tuple[str, ...] = ()
-  progress_keys: Mapping[str, str] = {}
 
   def __init__(self, train: Sequence[Prompt], seed: int):
     self.pool = PromptPool(train, seed)
 
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
-    kept, sampled, rounds = loop.gather_groups(env, self.pool.draw, step)
-    return kept, loop.rollout_metrics(sampled, kept, rounds, env.rl)
+    kept, _, _ = loop.gather_groups(env, self.pool.draw, step)
+    return kept, {}
 
   def state(self) -> dict[str, Any]:
     return {"data": self.pool.state()}
 
   def restore(self, state: Mapping[str, Any]) -> None:
     self.pool.restore(state["data"])
-
-  def summary(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    del rows
-    return {}
 
 
 def make(cfg, train: Sequence[Prompt]) -> Plain:

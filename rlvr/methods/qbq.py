@@ -1,19 +1,19 @@
-"""QbQ: rounds of score -> seed -> vary -> score -> SelectRL -> GRPO (METHODS.md "QbQ").
+"""QbQ: rounds of score -> seed -> vary -> score -> SelectRL -> GRPO (docs/methods.md#qbq).
 
 Round t of `rounds`, each `steps_per_round` RL steps (paper: 20 x 150):
   seeds    S_0 = the seed band of pi_0 over the training pool (`initial_seeds` of them
            drawn); S_t = the problems of R_{t-1} whose count re-scored under pi_t is
            in the band (Eq. 3);
-  variants the teacher applies 3 operators per seed (`synthesis.qbq`; the teacher
-           is the policy itself, any OpenAI-compatible server, or for the arithmetic
-           task the procedural one of `rlvr.tasks.variants`);
+  variants the teacher applies 3 operators per seed (`synthesis.qbq`; the teacher,
+           `qbq_teachers`, is the policy itself, any OpenAI-compatible server, or for
+           the arithmetic task the procedural one of `rlvr.tasks.variants`);
   scored   n = correct of k samples of pi_t per accepted variant;
   selected R_t = SelectRL(V_t) (Algorithm 2);
   GRPO     one pass over R_t, `rl.loop.prompts_per_step` problems per step, a fresh
            optimizer at the start of the round; steps past the end of the pass
            (|R_t| < N) are skipped updates, so rounds stay aligned with steps.
-Every stage writes its artifact under `<workdir>/qbq/round_XX/` (seeds, variants
-with their rejection reasons, scores, selection, rescored, round.json with the
+Every stage writes its artifact under `<workdir>/qbq/round_XX/` (`qbq_store`: seeds,
+variants with their rejection reasons, scores, selection, rescored, round.json with the
 yield, the count bands and the Vendi score in round.jsonl); a resumed run loads the artifacts
 that exist and computes only the missing stages, so a kill between stages
 loses nothing. Held-out scores never steer (eval.every = steps_per_round
@@ -30,15 +30,15 @@ S_{t-1}; S_0 is drawn without replacement in the pool's seeded order.
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
-import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlvr import distributed, loop, settings
-from rlvr.methods.base import Group, Prompt, PromptPool, StepEnv
+from rlvr import loop, settings
+from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
+from rlvr.methods.qbq_store import RoundStore, as_variant
+from rlvr.methods.qbq_teachers import (Complete, llm_variants, procedural_variants,
+                                       server_teacher)
 from rlvr.sampling.types import SamplingParams
 from synthesis import diversity, qbq
 
@@ -85,62 +85,7 @@ class QbQConfig:
                        f"got {self.operators_per_seed}")
 
 
-# ------------------------------------------------------------------ teachers
-Complete = Callable[[list[str]], list[str]]
-
-
-def llm_variants(seeds: Sequence[qbq.Variant], complete: Complete, n_ops: int,
-                 integer_answers: bool) -> list[dict]:
-  """Plan (one call per seed) then generate (one call per seed and operator)."""
-  plans = [qbq.parse_plan(text, n_ops)[0]
-           for text in complete([qbq.plan_prompt(s.problem, n_ops) for s in seeds])]
-  jobs = [(s, op) for s, ops in zip(seeds, plans) for op in ops]
-  texts = complete([qbq.variant_prompt(s.problem, s.answer, op, integer_answer=integer_answers)
-                    for s, op in jobs])
-  out = []
-  for (s, op), text in zip(jobs, texts):
-    problem, answer, reason = qbq.parse_variant(text, integer_answers)
-    out.append(dict(id=qbq.variant_id(s.id, op), parent_id=s.id, operator=op,
-                    problem=problem, answer=answer, reason=reason))
-  return out
-
-
-def procedural_variants(seeds: Sequence[qbq.Variant], n_ops: int, salt: str) -> list[dict]:
-  """The arithmetic task's teacher (`rlvr.tasks.variants`): exact answers by construction."""
-  from rlvr.tasks import variants as arith
-  out = []
-  for s in seeds:
-    for op in arith.plan(s.problem, n_ops, salt):
-      made = arith.variant(s.problem, s.answer, op, salt)
-      out.append(dict(id=qbq.variant_id(s.id, op), parent_id=s.id, operator=op,
-                      problem=made[0] if made else None, answer=made[1] if made else None,
-                      reason="accepted" if made else "abstained"))
-  return out
-
-
-# ------------------------------------------------------------------ artifacts
-def _read(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def _write(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
-  """Whole file, atomically (a stage's artifact exists only when the stage finished)."""
-  if not distributed.is_writer():
-    return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    for r in rows:
-      f.write(json.dumps(r) + "\n")
-  os.replace(path + ".tmp", path)
-
-
-def _as_variant(row: Mapping[str, Any]) -> qbq.Variant:
-  return qbq.Variant(row["id"], row.get("parent_id", ""), row.get("operator", ""),
-                     row["problem"], str(row["answer"]), row.get("n"))
-
-
-class QbQ:
+class QbQ(Method):
   """The round pipeline over the step seam; state = round prepared + position in its pass."""
 
   name = "qbq"
@@ -152,7 +97,7 @@ class QbQ:
   def __init__(self, cfg: QbQConfig, train: Sequence[Prompt], workdir: str, seed: int,
                complete: Complete | None = None):
     self.cfg, self.train, self.seed = cfg, list(train), seed
-    self.dir = os.path.join(workdir, "qbq")
+    self.store = RoundStore(workdir)
     self.external = complete          # a URL teacher; None: policy or procedural
     self.round = -1                   # the round whose pass is prepared
     self.pos = 0                      # problems of the pass used so far
@@ -162,18 +107,6 @@ class QbQ:
     self.round_metrics: dict[str, float] = {}
 
   # ---------------------------------------------------------------- stages
-  def _path(self, t: int, name: str) -> str:
-    return os.path.join(self.dir, f"round_{t:02d}", name)
-
-  def _stage(self, t: int, name: str, compute: Callable[[], list[dict]]) -> list[dict]:
-    """The artifact of a finished stage, else compute and write it."""
-    path = self._path(t, name)
-    if os.path.exists(path):
-      return _read(path)
-    rows = compute()
-    _write(path, rows)
-    return rows
-
   def _counts(self, env: StepEnv, items: Sequence[qbq.Variant], t: int, salt: int) -> list[dict]:
     """Solve counts n of k scoring samples; prompts over max_prompt_len get n = None."""
     c = self.cfg
@@ -223,9 +156,9 @@ class QbQ:
 
   def _pool_seeds(self, env: StepEnv) -> list[qbq.Variant]:
     """S_0: the band of pi_0 over the training pool, `initial_seeds` drawn in a seeded order."""
-    scored = self._stage(0, "pool_scores.jsonl",
-                         lambda: self._counts(env, self._pool_variants(), 0, 1))
-    band = [_as_variant(r) for r in scored
+    scored = self.store.stage(0, "pool_scores.jsonl",
+                              lambda: self._counts(env, self._pool_variants(), 0, 1))
+    band = [as_variant(r) for r in scored
             if r["n"] is not None and qbq.in_band(r["n"], self.cfg.k, self.cfg.seed_band)]
     order = np.random.default_rng((self.seed, 0, 5)).permutation(len(band))
     take = self.cfg.initial_seeds or len(band)
@@ -234,25 +167,26 @@ class QbQ:
   def _next_seeds(self, env: StepEnv, t: int) -> list[dict]:
     if t == 0:
       return [dataclasses.asdict(s) for s in self._pool_seeds(env)]
-    selected = [_as_variant(r) for r in _read(self._path(t - 1, "selection.jsonl"))]
-    rescored = self._stage(t - 1, "rescored.jsonl", lambda: self._counts(env, selected, t, 2))
+    selected = [as_variant(r) for r in self.store.read(t - 1, "selection.jsonl")]
+    rescored = self.store.stage(t - 1, "rescored.jsonl",
+                                lambda: self._counts(env, selected, t, 2))
     counts = {r["id"]: r["n"] for r in rescored if r["n"] is not None}
     seeds = qbq.next_seeds([v for v in selected if v.id in counts], counts, self.cfg.k,
                            self.cfg.seed_band)
     if not seeds:   # nothing in the band: the previous seeds again (stated rule)
-      return _read(self._path(t - 1, "seeds.jsonl"))
+      return self.store.read(t - 1, "seeds.jsonl")
     return [dataclasses.asdict(s) for s in seeds]
 
   def _prepare_round(self, env: StepEnv, t: int) -> list[Prompt]:
     """Runs (or reloads) the stages of round t; returns R_t as prompts."""
     c = self.cfg
-    seeds = [_as_variant(r) for r in self._stage(t, "seeds.jsonl",
-                                                 lambda: self._next_seeds(env, t))]
-    made = self._stage(t, "variants.jsonl", lambda: self._teach(env, seeds, t))
-    accepted = [_as_variant(r) for r in made if r["reason"] == "accepted"]
-    scored = self._stage(t, "scored.jsonl", lambda: self._counts(env, accepted, t, 3))
-    usable = [_as_variant(r) for r in scored if r["n"] is not None]
-    selection = self._stage(t, "selection.jsonl", lambda: [
+    seeds = [as_variant(r) for r in self.store.stage(t, "seeds.jsonl",
+                                                     lambda: self._next_seeds(env, t))]
+    made = self.store.stage(t, "variants.jsonl", lambda: self._teach(env, seeds, t))
+    accepted = [as_variant(r) for r in made if r["reason"] == "accepted"]
+    scored = self.store.stage(t, "scored.jsonl", lambda: self._counts(env, accepted, t, 3))
+    usable = [as_variant(r) for r in scored if r["n"] is not None]
+    selection = self.store.stage(t, "selection.jsonl", lambda: [
         dataclasses.asdict(v) for v in qbq.select_rl(usable, c.select_n, c.k)])
     reasons: dict[str, int] = {}
     for r in made:
@@ -264,7 +198,7 @@ class QbQ:
                    eligible=sum(1 <= v.n <= c.k - 1 for v in usable),
                    selected=len(selection),
                    vendi=diversity.pool_vendi(texts, diversity.hashed_ngrams) if texts else 0.0)
-    _write(self._path(t, "round.jsonl"), [summary])
+    self.store.write(t, "round.jsonl", [summary])
     self.round_metrics = {"qbq_seeds": len(seeds), "qbq_accepted": len(accepted),
                           "qbq_eligible": summary["eligible"], "qbq_selected": len(selection),
                           "qbq_vendi": summary["vendi"],
@@ -275,19 +209,18 @@ class QbQ:
 
   def _replayed(self, env: StepEnv) -> list[Prompt]:
     """shuffled: every round's selection of the curriculum run at replay_from, one pass."""
-    paths = sorted(glob.glob(os.path.join(self.cfg.replay_from, "qbq", "round_*",
-                                          "selection.jsonl")))
-    if not paths:
+    rows = RoundStore(self.cfg.replay_from).selections()
+    if not rows:
       raise ValueError(f"qbq.replay_from: no round_*/selection.jsonl under "
                        f"{self.cfg.replay_from}/qbq; run the curriculum schedule there first")
-    rows = [r for p in paths for r in _read(p)]
     order = np.random.default_rng((self.seed, 13)).permutation(len(rows))
     self.round_metrics = {"qbq_selected": len(rows)}
     return [env.prompt(rows[i]["problem"], str(rows[i]["answer"]), "qbq-replay") for i in order]
 
   def _static_pool(self, env: StepEnv) -> PromptPool:
     """static: originals plus variants of every pool problem, made once by the teacher."""
-    made = self._stage(0, "variants.jsonl", lambda: self._teach(env, self._pool_variants(), 0))
+    made = self.store.stage(0, "variants.jsonl",
+                            lambda: self._teach(env, self._pool_variants(), 0))
     extra = [env.prompt(r["problem"], str(r["answer"]), "qbq-static")
              for r in made if r["reason"] == "accepted"]
     self.round_metrics = {"qbq_accepted": len(extra)}
@@ -328,7 +261,7 @@ class QbQ:
     m = dict(self.round_metrics, qbq_round=t, qbq_round_start=int(start))
     groups = env.rollout(batch, env.rl.sampling_params(loop.step_seed(self.seed, step, 0)))
     if groups:
-      m.update(loop.rollout_metrics(groups, groups, 1, env.rl))
+      env.report_rollouts(groups, groups, 1)
     return groups, m
 
   def state(self) -> dict[str, Any]:
@@ -357,10 +290,8 @@ def make(cfg, train: Sequence[Prompt]) -> QbQ:
     raise ValueError(f"rl.steps: {cfg.rl.steps}, but qbq.rounds x qbq.steps_per_round = "
                      f"{c.rounds * c.steps_per_round}; set them to agree")
   complete = None
-  if c.teacher not in ("policy", "procedural"):
-    from rlvr.sampling.assistant import Assistant
-    teacher = Assistant(c.teacher, c.teacher_model, temperature=c.teacher_temperature,
-                        top_p=c.teacher_top_p, max_tokens=c.teacher_max_tokens)
-    teacher.check()
-    complete = teacher.complete
+  if c.teacher not in ("policy", "procedural"):   # the same key as the sampler's servers
+    complete = server_teacher(c.teacher, c.teacher_model, api_key=cfg.sampler.api_key or None,
+                              temperature=c.teacher_temperature, top_p=c.teacher_top_p,
+                              max_tokens=c.teacher_max_tokens)
   return QbQ(c, train, cfg.workdir, cfg.seed, complete)

@@ -1,4 +1,4 @@
-"""SvS (METHODS.md "SvS"): self-play variational problem synthesis inside the RL step.
+"""SvS (docs/methods.md#svs): self-play variational problem synthesis inside the RL step.
 
 solve originals (dynamic sampling, as in plain RLVR) -> pick underperforming
 problems -> synthesize G_v problems per correct response -> solve each
@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlvr import loop, settings
-from rlvr.methods.base import Group, Prompt, PromptPool, StepEnv
+from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 from synthesis import svs
 
 PLOT_KEYS = ("accuracy", "type1_groups", "type2_groups", "type3_groups", "svs_accepted",
@@ -26,7 +26,7 @@ PLOT_KEYS = ("accuracy", "type1_groups", "type2_groups", "type3_groups", "svs_ac
              "svs_accepted_consistent")
 
 
-class SvS:
+class SvS(Method):
   """Solve, synthesize from underperforming problems' correct solutions, solve syntheses."""
 
   name = "svs"
@@ -59,7 +59,7 @@ class SvS:
       type2, type3 = self._synthesize(env, under, seed, rng, m)
     m.update({"type1_groups": len(type1), "type2_groups": len(type2),
               "type3_groups": len(type3)})
-    m.update(loop.rollout_metrics(originals, type1, rounds, rl))
+    env.report_rollouts(originals, type1, rounds)   # the step's metrics: originals, type 1
     return type1 + type2 + type3, m
 
   def _synthesize(self, env: StepEnv, under: list[Group], seed, rng, m: dict):
@@ -97,9 +97,9 @@ class SvS:
     type3 = [grp for grp in solved if grp.mixed]   # synthetic solving with 0 < acc < 1
     type2 = []                                      # synthesis groups with mixed R_V
     for i, (src, _) in enumerate(sources):
-      bg = svs.synthesis_group("", [c.text for c in syn_outs[i]], accs[i], cfg, i, rng)
-      if bg is not None:
-        rewards = np.asarray(bg.rewards, np.float32)
+      rewards = svs.synthesis_rewards(accs[i], cfg, rng)
+      if rewards is not None:
+        rewards = np.asarray(rewards, np.float32)
         task = Prompt(tuple(syn_ids[i]), src.prompt.answer, "", "svs-synthesis")
         type2.append(Group(task, syn_outs[i], rewards, rewards > 0))
     reason = [[svs.rejection_reason(a, cfg) for a in row] for row in accs]
@@ -152,4 +152,4 @@ def synthesis_template(name: str) -> str | None:
 
 def make(cfg, train: Sequence[Prompt]) -> SvS:
   return SvS(train, cfg.seed, settings.frozen(svs.SvSConfig, cfg.svs),
-             synthesis_template(cfg.svs_template))
+             synthesis_template(cfg.svs.template))

@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from rlvr import sharding
-from rlvr.model import attention
+from rlvr.model import attention, lowp
 from rlvr.model.config import ModelConfig, RopeScaling
+from rlvr.model.lowp import logits_matmul  # noqa: F401 (README: decoder.logits_matmul)
 
 Params = Any
 
@@ -88,66 +89,13 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
 def dense(x, w):
   """x[..., d] @ w[d, *out] as one 2-D matmul: XLA's CPU backward of dots with
   several contracting dims (batch and time) runs ~2x slower than the flat form.
-  bf16 / f16 on CPU take `_lowp_matmul` (f32 accumulation, the fast kernels)."""
+  bf16 / f16 on CPU take `lowp.matmul` (f32 accumulation, the fast kernels)."""
   x2, w2 = x.reshape(-1, x.shape[-1]), w.reshape(w.shape[0], -1)
-  if _cpu_low_precision(x.dtype):
-    y = _lowp_matmul(x2, w2)
+  if lowp.cpu_low_precision(x.dtype):
+    y = lowp.matmul(x2, w2)
   else:
     y = x2 @ w2
   return y.reshape(x.shape[:-1] + w.shape[1:])
-
-
-def _cpu_low_precision(dtype) -> bool:
-  return dtype in (jnp.bfloat16, jnp.float16) and jax.default_backend() == "cpu"
-
-
-def _acc32(a, b, contract):
-  return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
-
-
-def _materialized_t(x):
-  """x.T [n, m] -> [m, n] as a real copy. A plain transpose is folded into the dot's
-  operand layout, and XLA's CPU dot with the contraction on the leading axis of both
-  operands (the weight gradient x^T g) runs ~4x slower in bf16 than the copy plus a
-  row-major dot. Splitting rows first keeps the copy from being folded."""
-  n, m = x.shape
-  k = next(c for c in (16, 8, 4, 2, 1) if n % c == 0)
-  return x.reshape(n // k, k, m).transpose(2, 0, 1).reshape(m, n)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _lowp_matmul(x, w, f32_out: bool = False):
-  """[n, d] @ [d, f] in bf16 / f16 with f32 accumulation, backward dots laid out for
-  XLA's CPU kernels (AMX / AVX512-BF16 when the CPU has them); same values as
-  `x @ w` up to rounding of the f32 sum. f32_out: keep the f32 result (logits); its
-  gradient is rounded to x's dtype for the backward dots, as autocast does."""
-  y = _acc32(x, w, ((1,), (0,)))
-  return y if f32_out else y.astype(x.dtype)
-
-
-def _lowp_fwd(x, w, f32_out):
-  # x^T is the residual: transposing here, on a fresh value, is cheap; transposing
-  # in the backward pass would fuse with the read from the layer scan's stack (slow).
-  return _lowp_matmul(x, w, f32_out), (_materialized_t(x), w)
-
-
-def _lowp_bwd(f32_out, res, g):
-  x_t, w = res
-  g = g.astype(x_t.dtype)
-  dx = _acc32(g, w, ((1,), (1,))).astype(x_t.dtype)      # g @ w^T
-  dw = _acc32(x_t, g, ((1,), (0,))).astype(w.dtype)      # x^T @ g
-  return dx, dw
-
-
-_lowp_matmul.defvjp(_lowp_fwd, _lowp_bwd)
-
-
-def logits_matmul(x, w):
-  """x[n, d] @ w[d, V] -> f32 logits; bf16 / f16 on CPU through `_lowp_matmul` (the
-  backward dots in x's dtype with f32 accumulation, not f32 dots on upcast inputs)."""
-  if _cpu_low_precision(x.dtype):
-    return _lowp_matmul(x, w.astype(x.dtype), True)
-  return jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
 
 
 def _param(module: nn.Module, name: str, shape, axes, dtype, init=None):

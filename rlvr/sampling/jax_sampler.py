@@ -184,11 +184,18 @@ class JaxSampler:
       self._params = params
       self.version = version
 
-  def _place(self, x):
+  def _place(self, x, rows: bool = True):
     if self.mesh is None:
       return jnp.asarray(x)
     # Every process builds the same host arrays; each device takes its rows (multi-host too).
-    return sharding.put_global(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
+    spec = (sharding.batch_sharding(self.mesh, np.ndim(x)) if rows
+            else sharding.replicated(self.mesh))
+    return sharding.put_global(x, spec)
+
+  def _place_settings(self, s: _RowSettings) -> _RowSettings:
+    """Per-row settings split with the rows; the stop ids, shared by all rows, replicated."""
+    placed = jax.tree.map(self._place, s.replace(stop_ids=None))
+    return placed.replace(stop_ids=self._place(s.stop_ids, rows=False))
 
   def generate(self, prompt_token_ids: Sequence[Sequence[int]],
                params: SamplingParams) -> list[list[Completion]]:
@@ -241,7 +248,7 @@ class JaxSampler:
       weights, version = self._params, self.version
       out_tok, out_lp, lengths, done = self._fn(
           weights, self._place(tokens), self._place(seg), self._place(row_prompt),
-          jax.tree.map(self._place, settings),
+          self._place_settings(settings),
           max_new_bucket=new_bucket, filtered=params.top_k > 0 or params.top_p < 1.0,
           penalized=params.repetition_penalty != 1.0)
     out_tok, out_lp, lengths, done = (sharding.to_host(x) for x in (out_tok, out_lp, lengths, done))

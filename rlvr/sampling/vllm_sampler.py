@@ -2,9 +2,10 @@
 
 Prompts go out as token ids through `/v1/completions` (one request per
 prompt carrying `n`), spread round-robin over the servers by a bounded
-thread pool. Failed requests are retried with exponential backoff; a server
-that keeps failing is reported by URL, and one whose engine has died
-(HTTP 5xx on every request, /health failing) is reported as such.
+thread pool. Failed requests are retried by `rlvr.sampling.http`'s policy (which
+also supplies the API key, default `$VLLM_API_KEY`); a server that keeps
+failing is reported by URL, and one whose engine has died (HTTP 5xx, /health
+failing) is reported as such.
 
 Weight sync writes the params as an HF checkpoint into `sync_dir` (which the
 servers must be able to read), always untied: vLLM's in-place reload refreshes
@@ -22,7 +23,6 @@ import concurrent.futures
 import os
 import shutil
 import threading
-import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -30,6 +30,8 @@ import requests
 
 from rlvr.model import hf_io
 from rlvr.model.config import ModelConfig
+from rlvr.sampling import http
+from rlvr.sampling.http import check_retry_settings  # noqa: F401  (the runner's pre-check)
 from rlvr.sampling.types import Completion, SamplingParams
 
 
@@ -45,8 +47,9 @@ class MalformedResponseError(SamplerError):
   """The server's answer lacks fields the client needs (names the field)."""
 
 
-class RequestAbortedError(SamplerError):
-  """The server dropped the request (finish_reason "abort", e.g. while shutting down)."""
+class RequestAbortedError(SamplerError, http.Aborted):
+  """The server dropped the request (finish_reason "abort", e.g. while shutting down);
+  raised inside a try, it makes the HTTP core try again."""
 
 
 def parse_completion_response(body: Any, n: int, want_logprobs: bool,
@@ -88,20 +91,6 @@ def parse_completion_response(body: Any, n: int, want_logprobs: bool,
   return out
 
 
-def check_retry_settings(request_timeout_s: float, retries: int, backoff_s: float,
-                         prefix: str = "") -> None:
-  """Raises ValueError naming the first bad setting (`prefix` + its name)."""
-  number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-  for name, value, ok, need in (
-      ("request_timeout_s", request_timeout_s, number(request_timeout_s)
-       and request_timeout_s > 0, "a number > 0"),
-      ("retries", retries, number(retries) and isinstance(retries, int) and retries >= 0,
-       "an int >= 0"),
-      ("backoff_s", backoff_s, number(backoff_s) and backoff_s >= 0, "a number >= 0")):
-    if not ok:
-      raise ValueError(f"{prefix}{name}: must be {need}, got {value!r}")
-
-
 def serve_policy_copy(path: str, model_config: ModelConfig, params, tokenizer=None,
                       dtype=None) -> str:
   """Writes the checkpoint a vLLM server for RL should start from (untied)."""
@@ -127,73 +116,53 @@ class VLLMSampler:
     self.pad_token_id = pad_token_id
     self.sync_dir = sync_dir
     self.model_name = model_name
-    self.request_timeout_s = request_timeout_s
-    self.retries = retries
-    self.backoff_s = backoff_s
     self.sync_dtype = sync_dtype
     self.keep_versions = keep_versions
     self.version: int | None = None
-    api_key = api_key or os.environ.get("VLLM_API_KEY")   # what serve_vllm --api_key set
-    self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    self._http = http.Client(api_key=api_key, timeout_s=request_timeout_s, retries=retries,
+                             backoff_s=backoff_s)
     self._lock = threading.Lock()
     self._pool = concurrent.futures.ThreadPoolExecutor(max_concurrency,
                                                        thread_name_prefix="vllm-client")
-    self._local = threading.local()
 
   # ------------------------------------------------------------------- HTTP
   def _session(self) -> requests.Session:
-    if not hasattr(self._local, "session"):
-      self._local.session = requests.Session()
-    return self._local.session
+    return self._http.session()
 
   def health(self, url: str) -> tuple[bool, str]:
     try:
-      r = self._session().get(url + "/health", headers=self._headers, timeout=5)
+      r = self._http.get(url + "/health", timeout=5)
       return r.status_code == 200, f"/health: HTTP {r.status_code}"
     except requests.RequestException as e:
       return False, f"/health: {type(e).__name__}"
 
   def _post(self, url: str, route: str, payload: dict, timeout: float | None = None,
             parse: Callable[[Any], Any] | None = None) -> Any:
-    """POST with retries; returns the parsed JSON (None for an empty body), or what `parse`
-    makes of it. A request the server aborts (`parse` raising RequestAbortedError) is
-    retried like a refused one, within the same budget."""
-    errors = []
-    for attempt in range(self.retries + 1):
-      if attempt:
-        time.sleep(self.backoff_s * 2 ** (attempt - 1))
-      try:
-        r = self._session().post(url + route, json=payload, headers=self._headers,
-                                 timeout=timeout or self.request_timeout_s)
-      except requests.RequestException as e:
-        errors.append(f"{type(e).__name__}")
-        continue
-      if r.status_code >= 500:
-        errors.append(f"HTTP {r.status_code}")
-        continue
-      if r.status_code >= 400:  # our request is wrong: retrying will not help
-        raise SamplerError(f"vLLM server {url}{route}: HTTP {r.status_code}: {r.text[:300]}")
-      try:
-        body = r.json() if r.content else None
-      except ValueError:
-        raise MalformedResponseError(
-            f"vLLM server {url}{route}: response is not JSON: {r.text[:200]!r}") from None
-      if parse is None:
-        return body
-      try:
-        return parse(body)
-      except RequestAbortedError:   # a server going down aborts what it holds
-        errors.append("aborted")
+    """POST with the HTTP core's retries; returns the parsed JSON (None for an empty body),
+    or what `parse` makes of it. A request the server aborts (`parse` raising
+    RequestAbortedError) is retried like a refused one, within the same budget."""
+    where = f"vLLM server {url}{route}"
+    try:
+      return self._http.post(url + route, payload, timeout=timeout, parse=parse)
+    except http.Refused as e:   # our request is wrong: retrying will not help
+      raise SamplerError(f"{where}: HTTP {e.status}: {e.text[:300]}") from None
+    except http.NotJSON as e:
+      raise MalformedResponseError(f"{where}: response is not JSON: {e.text[:200]!r}") from None
+    except http.RetriesExhausted as e:
+      raise self._gave_up(url, where, e.failures) from None
+
+  def _gave_up(self, url: str, where: str, failures: list[http.Failure]) -> SamplerError:
+    """The error for a spent retry budget, naming the server and what each try met."""
     _, why = self.health(url)
-    tries = f"{len(errors)} attempts ({', '.join(errors)}; {why})"
-    if any(e.startswith("HTTP 5") for e in errors):
+    tries = f"{len(failures)} attempts ({', '.join(f.label for f in failures)}; {why})"
+    if any(f.status is not None and f.status >= 500 for f in failures):
       # vLLM answers 5xx once its engine has died (and may then exit altogether).
-      raise EngineDeadError(f"vLLM server {url}{route}: engine dead or failing after {tries}; "
-                            "restart the server")
-    if all(e == "aborted" for e in errors):
-      raise RequestAbortedError(f"vLLM server {url}{route}: request aborted by the server "
-                                f"in all {tries}")
-    raise SamplerError(f"vLLM server {url}{route}: unreachable after {tries}")
+      return EngineDeadError(f"{where}: engine dead or failing after {tries}; restart the "
+                             "server")
+    if all(f.kind == "aborted" for f in failures):
+      return RequestAbortedError(f"{where}: request aborted by the server in all {tries}")
+    busy = any(f.kind == "status" for f in failures)   # 408/429
+    return SamplerError(f"{where}: {'busy' if busy else 'unreachable'} after {tries}")
 
   # ---------------------------------------------------------------- sampling
   def _request(self, i: int, prompt: Sequence[int], sp: SamplingParams,

@@ -17,6 +17,8 @@ import time
 import urllib.error
 import urllib.request
 
+from rlvr.sampling.http import auth_headers
+
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -120,9 +122,7 @@ class VLLMServer:
 
 
 def _healthy(url: str, api_key: str | None) -> bool:
-  req = urllib.request.Request(url + "/health")
-  if api_key:
-    req.add_header("Authorization", f"Bearer {api_key}")
+  req = urllib.request.Request(url + "/health", headers=auth_headers(api_key))
   try:
     with urllib.request.urlopen(req, timeout=2) as r:
       return r.status == 200

@@ -1,7 +1,7 @@
 """Procedural multi-step integer arithmetic: the embedded default's task.
 
-A ~1M-parameter model on 2 CPU cores learns this in minutes (DESIGN.md,
-"Embedded default"), and its answers are exact, so the whole RLVR / SvS
+A ~1M-parameter model on 2 CPU cores learns this in minutes
+(docs/architecture.md#embedded-default), and its answers are exact, so the whole RLVR / SvS
 pipeline runs end to end without a hub or a large model.
 
 - Problems: "Compute 12+7*3." with difficulty + 1 operations (d=1: 2, d=2: 3)

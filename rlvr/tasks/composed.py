@@ -1,6 +1,6 @@
 """Composition-RL's sequential prompt composition of the arithmetic task, by construction.
 
-METHODS.md "Composition-RL" composes problems with an assistant LLM and then
+Composition-RL (docs/methods.md#compose) composes problems with an assistant LLM and then
 verifies each step; here the components are our own arithmetic problems, so the
 three steps are done exactly in code and nothing needs verifying. The depth
 curriculum (1 -> 2 -> 3) then runs end to end on CPU. `synthesis/composition.py`

@@ -1,7 +1,7 @@
 """A procedural QbQ teacher for the arithmetic task: variants with exact answers.
 
-QbQ's teacher rewrites a seed problem by one of five operators (METHODS.md
-"QbQ"). For "Compute <expression>." problems each operator has an analogue
+QbQ's teacher rewrites a seed problem by one of five operators
+(docs/methods.md#operators). For "Compute <expression>." problems each operator has an analogue
 that keeps the seed's skill (evaluating + - * with precedence) and changes the
 structure, so the whole QbQ loop runs on CPU without a teacher model:
 
