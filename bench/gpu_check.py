@@ -86,6 +86,7 @@ def bf16_vs_f32(cfg, params, s):
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   from rlvr import model
   tokens = jnp.asarray(np.random.RandomState(1).randint(0, cfg.vocab_size,
                                                          (s["fwd_rows"], s["fwd_t"])), jnp.int32)
@@ -111,7 +112,8 @@ def matmul_peak_tflops(s) -> float:
     b = jax.random.normal(kb, (n, n), jnp.bfloat16)
     mm(a, b).block_until_ready()
     calls = s["matmul_calls"]   # queued back to back, so dispatch hides behind compute
-    dt = _best_time(lambda: [mm(a, b) for _ in range(calls)], s["matmul_repeats"]) / calls
+    dt = _best_time(lambda a=a, b=b, calls=calls: [mm(a, b) for _ in range(calls)],
+                    s["matmul_repeats"]) / calls
     _log(f"  matmul {n}: {2 * n ** 3 / dt / 1e12:.1f} TFLOP/s")
     best = max(best, 2 * n ** 3 / dt / 1e12)
     del a, b
@@ -122,6 +124,7 @@ def learner_step(cfg, params, s, attention_impl: str, peak_tflops):
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   from rlvr import learner, sharding
   rows, t = s["learner_rows"], s["learner_t"]
   lc = learner.LearnerConfig(compute_dtype="bfloat16", remat=True, attention=attention_impl)
@@ -166,6 +169,7 @@ def _attention_inputs(b, t, heads, dtype, seed):
 
 def _attention_fns(gpu: bool):
   import jax.numpy as jnp
+
   from rlvr.model import attention as A
 
   def dense(q, k, v, seg):
@@ -227,6 +231,7 @@ def sampler_decode(cfg, params, s):
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   from rlvr.sampling import JaxSampler, SamplingParams
   sampler = JaxSampler(cfg, jax.tree.map(lambda a: a.astype(jnp.bfloat16), params), None)
   rng = np.random.RandomState(5)
@@ -250,6 +255,7 @@ def sampler_decode(cfg, params, s):
 def main(argv):
   del argv
   import jax
+
   from rlvr import model
   s = SMALL if FLAGS.small else FULL
   dev = jax.devices()[0]

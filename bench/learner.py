@@ -69,6 +69,7 @@ def make_batch(cfg, batch, seq):
 def bench_ours(cfg, tokens, mask, adv):
   import jax
   import jax.numpy as jnp
+
   from rlvr import learner, model, sharding
   lc = learner.LearnerConfig(learning_rate=1e-6, compute_dtype=FLAGS.dtype, remat=FLAGS.remat,
                              dual_clip=None, scan_layers=FLAGS.scan_layers)
@@ -145,6 +146,7 @@ def main(argv):
   del argv
   import jax
   import jax.numpy as jnp
+
   from rlvr import model
   cfg = model.ModelConfig(**CONFIGS[FLAGS.model])
   n_params = model.count_params(cfg)

@@ -70,6 +70,7 @@ def _bytes_per_device(tree) -> int:
 def _model_flops(c, rows: int, t: int) -> float:
   """Training FLOPs of one step on rows x t tokens (all of them; padding not discounted)."""
   import jax
+
   from rlvr.model import decoder
   n = sum(math.prod(x.shape) for x in jax.tree.leaves(decoder.param_shapes(c)))
   attn = 6 * c.num_layers * c.num_heads * c.head_dim * t / 2
@@ -79,6 +80,7 @@ def _model_flops(c, rows: int, t: int) -> float:
 def plan(cfg, devices: int) -> dict:
   import jax
   import jax.numpy as jnp
+
   from rlvr import checkpoint, learner, loop, settings, sharding
   model_cfg, model_name = _model_config(cfg)
   lc = settings.frozen(learner.LearnerConfig, cfg.rl.learner)

@@ -36,6 +36,7 @@ def main(argv):
   import jax.numpy as jnp
   import numpy as np
   from transformers import AutoTokenizer
+
   from rlvr import model
   from rlvr.sampling import JaxSampler, SamplingParams
 

@@ -102,7 +102,7 @@ def main(argv):
   out = FLAGS.out
   print(compose_run.format_report(report))
   print(f"accepted: {out}\nrejected: {compose_run.rejected_path(out)}\n"
-        f"report: {out}.report.json")
+        f"report: {out}.report.json\nplan: {out}.plan.json")
   if error:
     sys.stdout.flush()
     sys.stderr.write(f"launch.compose: {error}; finished rows are saved, rerun the same "

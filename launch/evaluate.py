@@ -61,10 +61,13 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
   import os
+
   from transformers import AutoTokenizer
-  from rlvr import data as data_lib, evaluation, model
-  from rlvr.rewards import RewardConfig, RewardPool
+
+  from rlvr import data as data_lib
+  from rlvr import evaluation, model, oom
   from rlvr.loop import Prompt
+  from rlvr.rewards import RewardConfig, RewardPool
   from rlvr.sampling import JaxSampler
 
   sets, run_cfg = {}, None
@@ -116,7 +119,8 @@ def main(argv):
   rcfg = RewardConfig(extraction=extraction, integer_answers=FLAGS.integer_answers)
   workdir = pick("workdir", os.path.join(FLAGS.run or "", "eval_again"))
   results = {}
-  with RewardPool(workers=FLAGS.reward_workers, timeout_s=rcfg.timeout_s) as pool:
+  with (oom.reported("launch.evaluate", "evaluation", "lower --batch_prompts, --max_tokens or --n"),
+        RewardPool(workers=FLAGS.reward_workers, timeout_s=rcfg.timeout_s) as pool):
     score = evaluation.score_fn(pool, rcfg)
     for name, exs in sets.items():
       prompts = [Prompt(tuple(data_lib.format_prompt(tok, e.problem, instruction)),
@@ -136,6 +140,7 @@ def _run_settings(workdir: str):
   """The resolved config a run saved (runner.setup writes WORKDIR/config.json)."""
   import json
   import os
+
   import ml_collections
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):

@@ -3,6 +3,8 @@ r"""Writes a random tiny decoder + locally trained tokenizer in HF format.
   python -m launch.make_tiny --out=/tmp/tiny --family=qwen3 --num_layers=4
 """
 
+import os
+
 from absl import app, flags
 
 FLAGS = flags.FLAGS
@@ -28,7 +30,8 @@ def main(argv):
       num_kv_heads=FLAGS.num_kv_heads, head_dim=FLAGS.head_dim,
       intermediate_size=FLAGS.intermediate_size, tie_word_embeddings=FLAGS.tie_word_embeddings)
   cfg = model.ModelConfig.from_hf(path)
-  print(f"wrote {cfg.family} model with {model.count_params(cfg):,} parameters to {path}")
+  print(f"wrote {cfg.family} model with {model.count_params(cfg):,} parameters to "
+        f"{os.path.abspath(path)}")
 
 
 if __name__ == "__main__":

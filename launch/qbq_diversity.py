@@ -27,8 +27,8 @@ flags.DEFINE_float("q", 1.0, "Vendi order (1: the paper's; inf: 1 / largest eige
 
 
 def _problems(path: str, accepted_only: bool) -> list[str]:
-  with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  from rlvr import fileio
+  rows = fileio.read_jsonl(path)
   return [r["problem"] for r in rows if not accepted_only or r.get("reason") == "accepted"]
 
 
@@ -65,7 +65,8 @@ def main(argv):
         row["variants_vendi_trigrams"] = json.loads(f.readline()).get("vendi")
     out.append(row)
     print(json.dumps(row))
-  with open(os.path.join(FLAGS.run, "qbq", "diversity.json"), "w") as f:
+  out_dir = os.path.abspath(os.path.join(FLAGS.run, "qbq"))
+  with open(os.path.join(out_dir, "diversity.json"), "w") as f:
     json.dump({"model": model_dir, "q": FLAGS.q, "rounds": out}, f, indent=2)
 
   import matplotlib
@@ -82,8 +83,8 @@ def main(argv):
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(os.path.join(FLAGS.run, "qbq", "diversity.png"), dpi=110)
-  print(f"wrote {os.path.join(FLAGS.run, 'qbq', 'diversity.json')} and diversity.png")
+  fig.savefig(os.path.join(out_dir, "diversity.png"), dpi=110)
+  print(f"wrote diversity.json and diversity.png to {out_dir}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ orbax checkpoints (rerun to resume); writes the result as an HF dir workdir/mode
 """
 
 import math
+import os
 
 from absl import app, flags, logging
 
@@ -64,10 +65,13 @@ def main(argv):
     model_dir = hub.resolve(FLAGS.model, "--model")
   except FileNotFoundError as e:
     raise app.UsageError(str(e)) from None
-  out = train_sft(model_dir, pairs, FLAGS.workdir, learner_cfg=lc, mesh=mesh,
-                  instruction=FLAGS.instruction, steps=steps, batch_size=FLAGS.batch_size,
-                  seed=FLAGS.seed)
-  print(f"SFT model written to {out}")
+  from rlvr import oom
+  with oom.reported("launch.sft", "SFT", "lower --batch_size, or use more devices (--mesh)"):
+    out = train_sft(model_dir, pairs, FLAGS.workdir, learner_cfg=lc, mesh=mesh,
+                    instruction=FLAGS.instruction, steps=steps, batch_size=FLAGS.batch_size,
+                    seed=FLAGS.seed)
+  print(f"SFT model written to {out} (metrics.jsonl and checkpoints in "
+        f"{os.path.abspath(FLAGS.workdir)})")
 
 
 if __name__ == "__main__":

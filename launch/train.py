@@ -9,6 +9,7 @@ or SIGTERM stops after the current step with a checkpoint saved.
 """
 
 import json
+import os
 import signal
 import sys
 
@@ -63,6 +64,15 @@ def parse_flags(argv):
     sys.exit(2)
 
 
+def _plan_command() -> str:
+  """bench/plan.py on this run's config: the RL update's memory, from the compiler."""
+  import jax
+  path = config_flags.get_config_filename(FLAGS["config"])
+  more = " (with the same --config.* flags)" if any(
+      a.startswith("--config.") for a in sys.argv[1:]) else ""
+  return f"python bench/plan.py --config={path} --devices={jax.device_count()}{more}"
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
@@ -73,7 +83,7 @@ def main(argv):
   if FLAGS.print_config:
     print(cfg)
     return
-  from rlvr import loop, runner
+  from rlvr import loop, oom, runner
   from rlvr.sampling.assistant import AssistantError
   from rlvr.sampling.vllm_sampler import SamplerError
   from rlvr.sampling.vllm_server import ServerStartError
@@ -101,11 +111,18 @@ def main(argv):
     text = " ".join(str(e).split())
     sys.stderr.write(f"launch.train: {text} (--verbose for the traceback)\n")
     sys.exit(1)
+  except Exception as e:   # noqa: BLE001 - out of memory is reported in one line, the rest raised
+    if FLAGS.verbose or not oom.is_oom(e):
+      raise
+    line = oom.describe(e, plan=_plan_command())
+    sys.stderr.write(f"launch.train: {line} (--verbose for the traceback)\n")
+    sys.exit(1)
   print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=2))
   for k, v in summary.items():   # per-step lists on one line each
     if isinstance(v, list):
       print(f"{k}: {json.dumps(v)}")
-  print(f"summary: {cfg.workdir}/summary.json")
+  print(f"summary: {os.path.abspath(cfg.workdir)}/summary.json (plots: training.png, "
+        "pass_at_k.png and the method's own .png beside it)")
 
 
 if __name__ == "__main__":

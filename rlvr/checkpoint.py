@@ -29,6 +29,7 @@ def manager(directory: str, keep: int = 3) -> ocp.CheckpointManager:
 def versions() -> dict[str, str]:
   import flax
   import optax
+
   import rlvr
   return {"rlvr": rlvr.__version__, "jax": jax.__version__, "flax": flax.__version__,
           "optax": optax.__version__, "orbax": ocp.__version__ if hasattr(ocp, "__version__") else "",

@@ -13,7 +13,8 @@ import dataclasses
 import os
 from typing import Callable
 
-from rlvr import data as data_lib, settings
+from rlvr import data as data_lib
+from rlvr import settings
 from rlvr.tasks import arithmetic, composed
 
 KINDS = ("files", "arithmetic")

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rlvr import fileio
 from rlvr import metrics as metrics_lib
 from rlvr.loop import Group, Prompt, rollout
 from rlvr.sampling.types import Sampler, SamplingParams
@@ -81,10 +82,8 @@ def _written_when_done(path: str | None):
   if path is None:
     yield None
     return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
+  with fileio.atomic_open(path) as f:
     yield f
-  os.replace(path + ".tmp", path)
 
 
 def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable, cfg: EvalConfig,
@@ -153,8 +152,32 @@ def _pass_at_k_curve(ax, r: dict, label: str) -> None:
   ax.errorbar([int(k) for k in ks], means, yerr=yerr, marker="o", capsize=3, label=label)
 
 
+def _seed_count(r: dict) -> int:
+  """How many sampling seeds an evaluate_set result averages over."""
+  return len(r.get("seeds") or r.get("per_seed") or [None])
+
+
+def _percent(mean_std, seeds: int) -> str:
+  """A rate in percent; `mean ± std` over the seeds when there are several."""
+  mean, std = mean_std
+  return f"{100 * mean:.1f} ± {100 * std:.1f}" if seeds > 1 else f"{100 * mean:.1f}"
+
+
+def _seeds_note(results: dict[str, dict]) -> str:
+  """The line under the table's title that says what its numbers are."""
+  counts = sorted({_seed_count(r) for r in results.values()})
+  if counts == [1]:
+    return "pass@k and avg@n in percent, one sampling seed."
+  return (f"pass@k and avg@n in percent, mean ± std over {' / '.join(map(str, counts))} "
+          "sampling seeds.")
+
+
 def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation") -> dict:
-  """Markdown table, CSV, JSON and a pass@k curve PNG for {set name: evaluate_set result}."""
+  """Markdown table, CSV, JSON and a pass@k curve PNG for {set name: evaluate_set result}.
+
+  The table gives `mean ± std` over the seeds when there are several, else the mean;
+  the CSV and JSON always keep both.
+  """
   os.makedirs(outdir, exist_ok=True)
   with open(os.path.join(outdir, "eval.json"), "w") as f:
     json.dump(results, f, indent=2)
@@ -164,15 +187,14 @@ def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation
     if not lines:
       header = ["set"] + [f"pass@{k}" for k in ks] + [f"avg@{r['n']}"]
       lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    cells = [name] + [f"{100 * r['pass@k'][k][0]:.1f} ± {100 * r['pass@k'][k][1]:.1f}"
-                      for k in ks]
+    seeds = _seed_count(r)
     avg = r[f"avg@{r['n']}"]
-    cells.append(f"{100 * avg[0]:.1f} ± {100 * avg[1]:.1f}")
+    cells = [name] + [_percent(r["pass@k"][k], seeds) for k in ks] + [_percent(avg, seeds)]
     lines.append("| " + " | ".join(cells) + " |")
     csv += [f"{name},pass@k,{k},{r['pass@k'][k][0]:.6f},{r['pass@k'][k][1]:.6f}" for k in ks]
     csv.append(f"{name},avg@{r['n']},{r['n']},{avg[0]:.6f},{avg[1]:.6f}")
   with open(os.path.join(outdir, "eval.md"), "w") as f:
-    f.write(f"# {title}\n\n" + "\n".join(lines) + "\n")
+    f.write(f"# {title}\n\n{_seeds_note(results)}\n\n" + "\n".join(lines) + "\n")
   with open(os.path.join(outdir, "eval.csv"), "w") as f:
     f.write("\n".join(csv) + "\n")
   import matplotlib

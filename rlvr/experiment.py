@@ -14,6 +14,7 @@ import dataclasses
 import os
 
 import jax
+
 from rlvr import datasets, evaluation, learner, loop, settings, shaping
 from rlvr.rewards import RewardConfig
 from rlvr.sampling.config import SamplerConfig

@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rlvr import learner, metrics as metrics_lib, ppo, shaping
+from rlvr import learner, ppo, shaping
+from rlvr import metrics as metrics_lib
 from rlvr.sampling.types import Completion, Sampler, SamplingParams
 
 

@@ -20,19 +20,46 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlvr import checkpoint, datasets, distributed, evaluation, experiment, interrupt, learner
-from rlvr import loop, methods
-from rlvr import metrics as metrics_lib, model as model_lib, rewards, settings, shaping
-from rlvr import sharding, sft
+from rlvr import (
+  checkpoint,
+  datasets,
+  distributed,
+  evaluation,
+  experiment,
+  fileio,
+  interrupt,
+  learner,
+  loop,
+  methods,
+  rewards,
+  settings,
+  sft,
+  shaping,
+  sharding,
+)
+from rlvr import metrics as metrics_lib
+from rlvr import model as model_lib
 from rlvr.data import format_prompt
 from rlvr.model import hub
 from rlvr.rewards import RewardPool
 from rlvr.sampling import JaxSampler
 
-PLOT_KEYS = ("reward_mean", "accuracy", "entropy", "solve_all", "solve_none",
-             "response_len_mean", "truncated_frac", "optimizer_steps", "clip_frac_high",
-             "clip_frac_low", "kl_first_last", "grad_norm", "shaping_overlong",
-             "heldout_pass@1", "heldout_pass@8")
+# training.png's panels (`metrics.plot_metrics`): held-out pass@1 first, then the RL step's.
+PLOT_KEYS = (
+    metrics_lib.HELDOUT, "accuracy", "reward_mean", "entropy",
+    metrics_lib.Panel("Training groups all or none correct", "fraction of groups",
+                      (("solve_all", "all correct (too easy: no signal)"),
+                       ("solve_none", "none correct (too hard: no signal)"))),
+    "response_len_mean", "truncated_frac", "optimizer_steps",
+    metrics_lib.Panel("Tokens clipped by the PPO ratio", "fraction of tokens",
+                      (("clip_frac_high", "high: ratio > 1 + eps_high, A > 0"),
+                       ("clip_frac_low", "low: ratio < 1 - eps_low, A < 0"))),
+    "kl_first_last", "grad_norm", "shaping_overlong",
+    metrics_lib.Panel("Wall time per RL step", "seconds",
+                      (("time_step", "whole step"), ("time_sample", "sampling"),
+                       ("time_score", "scoring"), ("time_update", "update"),
+                       ("time_sync", "weight sync"))),
+)
 
 
 def _json(path, obj=None):
@@ -40,12 +67,8 @@ def _json(path, obj=None):
   if obj is None:
     with open(path) as f:
       return json.load(f)
-  if not distributed.is_writer():
-    return obj
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2)
-  os.replace(tmp, path)
+  if distributed.is_writer():
+    fileio.write_json(path, obj)
   return obj
 
 
@@ -264,7 +287,8 @@ def write_summary(run: Run, method, seconds: float) -> dict:
   name = os.path.basename(run.workdir)
   if rows and distributed.is_writer():
     metrics_lib.plot_metrics(rows, PLOT_KEYS, os.path.join(run.workdir, "training.png"),
-                             title=name)
+                             title=name, before=run.progress.get("eval_before"),
+                             after=run.progress.get("eval_after"))
     if method.plot_keys:
       mark = method.mark_key
       metrics_lib.plot_metrics(rows, method.plot_keys,

@@ -60,9 +60,12 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
   and workdir/model is the base with them merged in (`rlvr.lora`).
   """
   import os
+
   import jax
   from transformers import AutoTokenizer
-  from rlvr import checkpoint, distributed, interrupt, learner, metrics as metrics_lib
+
+  from rlvr import checkpoint, distributed, interrupt, learner
+  from rlvr import metrics as metrics_lib
   from rlvr import model as model_lib
   from rlvr.data import format_prompt
 

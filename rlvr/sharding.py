@@ -56,7 +56,7 @@ def make_mesh(axes: dict[str, int] | Sequence[tuple[str, int]], devices=None) ->
   if len(rest) > 1:
     raise ValueError(f"mesh axes: only one may be -1, got {rest}")
   known = 1
-  for a, s in sizes.items():
+  for s in sizes.values():
     if s != -1:
       known *= s
   if rest:

@@ -44,6 +44,7 @@ def served_model_dir(tmp_path_factory, tiny_dirs):
   place, which vLLM does not propagate to a tied LM head."""
   import jax
   from transformers import AutoTokenizer
+
   from rlvr import model
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   # Move away from the factory's weights so the served copy is save_hf's own.
@@ -87,6 +88,7 @@ def arithmetic_policy(tiny_dirs, tmp_path_factory):
   step sees synthesis and synthetic-solving groups. Same architecture and
   tokenizer as the served model: the vLLM test pushes these weights."""
   import jax
+
   from rlvr import learner, sharding
   from rlvr.sft import train_sft
   from rlvr.tasks import arithmetic

@@ -13,12 +13,12 @@ import sys
 import time
 
 import pytest
+from test_composition import Q1, Q2, Q3, generic_assistant
 
 from rlvr import compose_run as cr
 from rlvr.data import read_dataset
 from rlvr.sampling.assistant import Assistant, AssistantError
 from synthesis import composition as comp
-from test_composition import Q1, Q2, Q3, generic_assistant
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AIME = os.path.join(REPO, "data", "math_aime_eval.jsonl")

@@ -12,8 +12,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from rlvr import evaluation, learner, loop, methods, settings
-from rlvr.rewards import RewardConfig
 from rlvr.methods import qbq as qbq_method
+from rlvr.rewards import RewardConfig
 from synthesis import svs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlvr import data
-from rlvr.data import DataStream, DatasetError, read_dataset
+from rlvr.data import DatasetError, DataStream, read_dataset
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_DATA = os.path.join(REPO_ROOT, "tests", "data")   # slices of the public sets (README there)

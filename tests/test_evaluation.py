@@ -6,13 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from rules import even_length
 from transformers import AutoTokenizer
 
 from rlvr import evaluation, model
 from rlvr.loop import Prompt
 from rlvr.sampling import JaxSampler
-
-from rules import even_length
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +68,25 @@ def test_a_failed_evaluation_leaves_the_old_samples_file_as_it_was(sampler, tmp_
     evaluation.evaluate_set(sampler, prompts, fails_on_the_second_batch, ecfg,
                             samples_path=str(path))
   assert path.read_text() == "an earlier evaluation's samples\n"
+
+
+def _result(seeds, pass1, pass2):
+  """An evaluate_set result with n=2 and the given per-seed pass@1 / pass@2."""
+  agg = lambda xs: (float(np.mean(xs)), float(np.std(xs)))
+  return {"n": 2, "problems": 30, "skipped_too_long": 0, "seeds": list(seeds),
+          "pass@k": {1: agg(pass1), 2: agg(pass2)}, "avg@2": agg(pass1),
+          "per_seed": [{"seed": s} for s in seeds]}
+
+
+def test_report_gives_std_only_over_several_seeds(tmp_path):
+  evaluation.write_report({"heldout": _result([0], [0.433], [0.5])}, str(tmp_path / "one"))
+  table = (tmp_path / "one" / "eval.md").read_text()
+  assert "| heldout | 43.3 | 50.0 | 43.3 |" in table and "±" not in table
+  assert "one sampling seed" in table
+  # The csv keeps its std column (0 over one seed).
+  assert "heldout,pass@k,1,0.433000,0.000000" in (tmp_path / "one" / "eval.csv").read_text()
+  evaluation.write_report({"heldout": _result([0, 1], [0.4, 0.5], [0.5, 0.7])},
+                          str(tmp_path / "two"))
+  table = (tmp_path / "two" / "eval.md").read_text()
+  assert "| heldout | 45.0 ± 5.0 | 60.0 ± 10.0 | 45.0 ± 5.0 |" in table
+  assert "mean ± std over 2 sampling seeds" in table

@@ -13,8 +13,12 @@ from transformers import AutoTokenizer
 
 from rlvr import model
 from rlvr.sampling import JaxSampler, SamplingParams
-from rlvr.sampling.jax_sampler import (apply_repetition_penalty, filter_logits, mark_seen,
-                                       prompt_seen_mask)
+from rlvr.sampling.jax_sampler import (
+  apply_repetition_penalty,
+  filter_logits,
+  mark_seen,
+  prompt_seen_mask,
+)
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 41]]
 

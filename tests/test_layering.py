@@ -85,17 +85,22 @@ def test_synthesis_is_pure():
 
 
 @pytest.mark.parametrize("layer,allowed", [
-    ("rlvr.model", ("rlvr.model", "rlvr.sharding")),
+    ("rlvr.model", ("rlvr.model", "rlvr.sharding", "rlvr.fileio")),
+    ("rlvr.fileio", ()),
     ("rlvr.sharding", ()),
     ("rlvr.sampling", ("rlvr.sampling", "rlvr.model", "rlvr.sharding")),
     ("rlvr.sampling.http", ()),
+    ("rlvr.sampling.config", ("rlvr.sampling.http",)),
+    ("rlvr.model.hub", ()),
+    ("rlvr.experiment", ("rlvr.datasets", "rlvr.evaluation", "rlvr.learner", "rlvr.loop",
+                         "rlvr.settings", "rlvr.shaping", "rlvr.rewards", "rlvr.sampling.config")),
     ("rlvr.grpo", ()),
     ("rlvr.model.lowp", ()),
     ("rlvr.packing", ("rlvr.grpo",)),
     ("rlvr.learner", ("rlvr.grpo", "rlvr.sharding", "rlvr.lora", "rlvr.model", "rlvr.packing")),
     ("rlvr.ppo", ("rlvr.grpo", "rlvr.learner", "rlvr.packing")),
     ("rlvr.compose_run", ("rlvr.data", "rlvr.sampling.assistant", "synthesis")),
-    ("rlvr.methods.qbq_store", ("rlvr.distributed", "synthesis")),
+    ("rlvr.methods.qbq_store", ("rlvr.distributed", "rlvr.fileio", "synthesis")),
     ("rlvr.methods.qbq_teachers", ("rlvr.sampling.assistant", "rlvr.tasks", "synthesis")),
 ])
 def test_lower_layers_import_nothing_above_them(layer, allowed):
@@ -107,6 +112,13 @@ def test_lower_layers_import_nothing_above_them(layer, allowed):
 def test_nothing_imports_launch():
   bad = {(m, d) for m, deps in GRAPH.items() if not m.startswith("launch")
          for d in deps if d.split(".")[0] == "launch"}
+  assert not bad, bad
+
+
+def test_only_the_runner_and_configs_see_the_whole_experiment():
+  """rlvr.experiment checks every section; the library below it never reads a whole config."""
+  bad = {m for m, deps in GRAPH.items() if "rlvr.experiment" in deps
+         and m != "rlvr.runner" and not m.startswith(("configs", "launch"))}
   assert not bad, bad
 
 

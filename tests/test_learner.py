@@ -8,10 +8,10 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import learner_worker as worker
 import numpy as np
 import pytest
 
-import learner_worker as worker
 from rlvr import checkpoint, learner, model, sharding
 
 WORKER = os.path.join(os.path.dirname(__file__), "learner_worker.py")

@@ -14,13 +14,12 @@ import time
 import jax
 import numpy as np
 import pytest
+from rules import even_length
 from transformers import AutoTokenizer
 
 from rlvr import loop, model, packing
 from rlvr.methods import plain
 from rlvr.sampling import JaxSampler
-
-from rules import even_length
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,7 +71,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   # advantages: zero-mean within each group, completion tokens in the loss only
   adv = arrays["advantages_b"].reshape(RL.prompts_per_step, RL.group_size)
   np.testing.assert_allclose(adv.mean(axis=1), 0, atol=1e-6)
-  for r, (g, c) in enumerate((g, c) for g in kept for c in g.completions):
+  for r, (g, c) in enumerate((grp, c) for grp in kept for c in grp.completions):
     p = len(g.prompt.ids)
     assert tuple(arrays["tokens_bt"][r, :p]) == g.prompt.ids
     assert arrays["loss_mask_bt"][r, :p].sum() == 0
@@ -123,6 +122,7 @@ def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir,
     assert info["weight_version"] == "1"
     # the server now serves the updated policy
     from test_vllm_sampler import _our_logprobs
+
     from rlvr.sampling import SamplingParams
     out = sampler.generate([[5, 6, 7]], SamplingParams(n=1, max_tokens=8, seed=3,
                                                        ignore_eos=True))[0][0]

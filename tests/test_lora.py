@@ -10,16 +10,16 @@ import shutil
 
 import jax
 import jax.numpy as jnp
+import learner_worker as worker
 import numpy as np
 import pytest
 import torch
 from flax import traverse_util
+from test_model import _tokens, _torch_logits
 from transformers import AutoModelForCausalLM
 
-import learner_worker as worker
 from rlvr import checkpoint, learner, lora, model, settings, sharding
 from rlvr.lora import LoraConfig
-from test_model import _tokens, _torch_logits
 
 HF_MODULE = {"q_kernel": "self_attn.q_proj", "k_kernel": "self_attn.k_proj",
              "v_kernel": "self_attn.v_proj", "o_kernel": "self_attn.o_proj",

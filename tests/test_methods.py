@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from rules import even_length
 from transformers import AutoTokenizer
 
 from rlvr import loop, methods, model
 from rlvr.data import format_prompt
-from rlvr.methods import composition, plain, svs as svs_method
+from rlvr.methods import composition, plain
+from rlvr.methods import svs as svs_method
 from rlvr.sampling import JaxSampler
 from synthesis import svs
 from synthesis.composition import CurriculumConfig
-
-from rules import even_length
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))

@@ -9,12 +9,11 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from rules import even_length
 from transformers import AutoTokenizer
 
 from rlvr import learner, loop, model, packing, ppo
 from rlvr.sampling import JaxSampler
-
-from rules import even_length
 
 RL = loop.RLConfig(prompts_per_step=8, group_size=4, max_prompt_len=8, max_response_len=8)
 LR = 3e-2   # large, so that later mini-batches move the ratio past the clip range

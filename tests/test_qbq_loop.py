@@ -83,6 +83,7 @@ def test_llm_teacher_on_the_real_vllm_server_rejects_garbage_with_reasons(vllm_s
 
 def test_reset_optimizer_equals_a_fresh_optimizer(one_device_learner, tiny_dirs):
   import jax
+
   from rlvr import learner, model, packing
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   state, update, to_batch = one_device_learner(cfg, params, 1e-3)
@@ -101,6 +102,7 @@ def test_reset_optimizer_equals_a_fresh_optimizer(one_device_learner, tiny_dirs)
 def test_model_embeddings_are_mean_pooled_hidden_states_whatever_the_batch(tiny_dirs):
   import jax.numpy as jnp
   from transformers import AutoTokenizer
+
   from rlvr import model
   from rlvr.model.embed import embedder
   from synthesis import diversity

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pytest
 from transformers import AutoTokenizer
 
 from rlvr import loop, model

@@ -18,9 +18,14 @@ import pytest
 
 from rlvr import model
 from rlvr.sampling import JaxSampler, SamplingParams
-from rlvr.sampling.vllm_sampler import (EngineDeadError, MalformedResponseError,
-                                        RequestAbortedError, SamplerError, VLLMSampler,
-                                        parse_completion_response)
+from rlvr.sampling.vllm_sampler import (
+  EngineDeadError,
+  MalformedResponseError,
+  RequestAbortedError,
+  SamplerError,
+  VLLMSampler,
+  parse_completion_response,
+)
 from rlvr.sampling.vllm_server import ServerOptions, free_port, start_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlvr import loop, metrics as metrics_lib, settings
+from rlvr import loop, settings
+from rlvr import metrics as metrics_lib
 from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 from synthesis.composition import Curriculum, CurriculumConfig
 
@@ -36,7 +37,12 @@ class Composition(Method):
   """Draws the current depth's prompts; moves to the next depth by the curriculum rule."""
 
   name = "composition"
-  plot_keys: tuple[str, ...] = ("depth", "solve_all", "solve_none", "accuracy")
+  plot_keys: tuple[str | metrics_lib.Panel, ...] = (
+      "depth",
+      metrics_lib.Panel("Training groups all or none correct", "fraction of groups",
+                        (("solve_all", "all correct (too easy)"),
+                         ("solve_none", "none correct (too hard)"))),
+      "accuracy")
   progress_keys: Mapping[str, str] = {"depth": "depth"}
   mark_key = "depth_switch"              # the plot marks the steps where a new depth begins
 

@@ -35,10 +35,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlvr import loop, settings
+from rlvr import metrics as metrics_lib
 from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 from rlvr.methods.qbq_store import RoundStore, as_variant
-from rlvr.methods.qbq_teachers import (Complete, llm_variants, procedural_variants,
-                                       server_teacher)
+from rlvr.methods.qbq_teachers import Complete, llm_variants, procedural_variants, server_teacher
 from rlvr.sampling.types import SamplingParams
 from synthesis import diversity, qbq
 
@@ -89,8 +89,16 @@ class QbQ(Method):
   """The round pipeline over the step seam; state = round prepared + position in its pass."""
 
   name = "qbq"
-  plot_keys: tuple[str, ...] = ("qbq_round", "qbq_seeds", "qbq_accepted", "qbq_eligible",
-                                "qbq_selected", "qbq_vendi", "accuracy", "solve_none")
+  plot_keys: tuple[str | metrics_lib.Panel, ...] = (
+      "qbq_round",
+      metrics_lib.Panel("Problems per QbQ round", "problems",
+                        (("qbq_seeds", "seeds S_t"), ("qbq_accepted", "variants accepted"),
+                         ("qbq_eligible", "variants with 1..k-1 of k correct"),
+                         ("qbq_selected", "selected for RL, R_t"))),
+      "qbq_vendi", "accuracy",
+      metrics_lib.Panel("Training groups all or none correct", "fraction of groups",
+                        (("solve_all", "all correct (too easy)"),
+                         ("solve_none", "none correct (too hard)"))))
   progress_keys: Mapping[str, str] = {"round": "qbq_round", "sel": "qbq_selected"}
   mark_key = "qbq_round_start"
 

@@ -8,29 +8,19 @@ computes it otherwise, which is how a resumed run skips finished stages.
 from __future__ import annotations
 
 import glob
-import json
 import os
 from typing import Any, Callable, Mapping, Sequence
 
-from rlvr import distributed
+from rlvr import distributed, fileio
 from synthesis import qbq
 
-
-def read_jsonl(path: str) -> list[dict]:
-  """The rows of a JSONL file."""
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+read_jsonl = fileio.read_jsonl
 
 
 def write_jsonl(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
   """Whole file, atomically; only the writing process writes (multi-host)."""
-  if not distributed.is_writer():
-    return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    for r in rows:
-      f.write(json.dumps(r) + "\n")
-  os.replace(path + ".tmp", path)
+  if distributed.is_writer():
+    fileio.write_jsonl(path, rows)
 
 
 def as_variant(row: Mapping[str, Any]) -> qbq.Variant:

@@ -18,12 +18,26 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlvr import loop, settings
+from rlvr import metrics as metrics_lib
 from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 from synthesis import svs
 
-PLOT_KEYS = ("accuracy", "type1_groups", "type2_groups", "type3_groups", "svs_accepted",
-             "svs_too_easy", "svs_too_hard", "svs_unparseable", "synthetic_accuracy",
-             "svs_accepted_consistent")
+# svs.png's panels (`metrics.plot_metrics`); the data types are docs/methods.md#svs's.
+PLOT_KEYS = (
+    "accuracy",
+    metrics_lib.Panel("Groups in the update by data type", "groups",
+                      (("type1_groups", "type 1: original problems"),
+                       ("type2_groups", "type 2: problem synthesis"),
+                       ("type3_groups", "type 3: synthetic problems"))),
+    metrics_lib.Panel("Synthetic problems by synthesis reward", "problems per step",
+                      (("svs_accepted", "accepted (R_V = 1)"), ("svs_too_easy", "too easy"),
+                       ("svs_too_hard", "too hard"),
+                       ("svs_unparseable", "no problem extracted"))),
+    "synthetic_accuracy",
+    metrics_lib.Panel("Accepted synthetic problems", "problems per step",
+                      (("svs_accepted", "accepted"),
+                       ("svs_accepted_consistent", "accepted with the original's answer"))),
+)
 
 
 class SvS(Method):

@@ -1,8 +1,15 @@
 """Decoder model: config, Flax forward pass, HF checkpoint I/O, tiny-model factory."""
 
 from rlvr.model.config import ConfigError, ModelConfig, RopeScaling
-from rlvr.model.decoder import (KVCache, count_params, forward, init, logical_axes,
-                                param_shapes, param_shardings)
+from rlvr.model.decoder import (
+                                KVCache,
+                                count_params,
+                                forward,
+                                init,
+                                logical_axes,
+                                param_shapes,
+                                param_shardings,
+)
 from rlvr.model.hf_io import CheckpointError, load_hf, save_hf
 from rlvr.model.tiny import make_tiny, train_tokenizer
 

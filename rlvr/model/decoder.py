@@ -260,7 +260,7 @@ class Decoder(nn.Module):
       stacked = self.variables["params"]["layers"]
       for i in range(c.num_layers):
         (x, kv), _ = block(c, pd, self.attention).apply(
-            {"params": jax.tree.map(lambda a: a[i], stacked)}, (x, kv), positions_bt,
+            {"params": jax.tree.map(lambda a, i=i: a[i], stacked)}, (x, kv), positions_bt,
             segment_bt, i)
     new_cache = None
     if cache is not None:

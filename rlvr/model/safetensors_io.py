@@ -7,11 +7,12 @@ backends would load whole files; this reads one tensor at a time from a memmap.
 from __future__ import annotations
 
 import json
-import os
 import struct
 
 import ml_dtypes
 import numpy as np
+
+from rlvr import fileio
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -65,10 +66,8 @@ def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict | None =
   header["__metadata__"] = {"format": "pt", **(metadata or {})}
   blob = json.dumps(header, separators=(",", ":")).encode()
   blob += b" " * (-len(blob) % 8)
-  tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
+  with fileio.atomic_open(path, "wb") as f:
     f.write(struct.pack("<Q", len(blob)))
     f.write(blob)
     for arr in arrays.values():
       f.write(arr.tobytes())
-  os.replace(tmp, path)

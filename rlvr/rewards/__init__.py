@@ -14,8 +14,13 @@ the scores.
 
 from rlvr.rewards.config import RewardConfig, ScoreResult
 from rlvr.rewards.equivalence import clean_latex, is_equivalent, is_well_formed, normalize_integer
-from rlvr.rewards.extraction import (EXTRACTIONS, after_thinking, extract_answer,
-                                     extract_answer_line, extract_boxed)
+from rlvr.rewards.extraction import (
+                                     EXTRACTIONS,
+                                     after_thinking,
+                                     extract_answer,
+                                     extract_answer_line,
+                                     extract_boxed,
+)
 from rlvr.rewards.pool import RewardPool, score
 
 __all__ = [

@@ -31,8 +31,11 @@ import requests
 from rlvr.model import hf_io
 from rlvr.model.config import ModelConfig
 from rlvr.sampling import http
-from rlvr.sampling.http import check_retry_settings  # noqa: F401  (the runner's pre-check)
+from rlvr.sampling.config import SamplerConfig
+from rlvr.sampling.http import check_retry_settings
 from rlvr.sampling.types import Completion, SamplingParams
+
+_DEFAULTS = SamplerConfig()   # the client's defaults are the config section's
 
 
 class SamplerError(RuntimeError):
@@ -103,10 +106,11 @@ class VLLMSampler:
 
   def __init__(self, urls: str | Sequence[str], *, model_config: ModelConfig,
                eos_token_id: int, pad_token_id: int = 0, sync_dir: str | None = None,
-               model_name: str = "policy", api_key: str | None = None,
-               max_concurrency: int = 32, request_timeout_s: float = 600.0,
-               retries: int = 3, backoff_s: float = 1.0, sync_dtype: Any = None,
-               keep_versions: int = 2):
+               model_name: str = _DEFAULTS.model, api_key: str | None = None,
+               max_concurrency: int = _DEFAULTS.max_concurrency,
+               request_timeout_s: float = _DEFAULTS.request_timeout_s,
+               retries: int = _DEFAULTS.retries, backoff_s: float = _DEFAULTS.backoff_s,
+               sync_dtype: Any = None, keep_versions: int = 2):
     self.urls = [urls] if isinstance(urls, str) else list(urls)
     if not self.urls:
       raise ValueError("urls: need at least one vLLM server URL")

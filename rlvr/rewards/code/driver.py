@@ -1,0 +1,320 @@
+"""The judge inside the sandbox: runs one program on its test cases, one process per case.
+
+Started as `python -I -B -c <this file's source>` (standard library only, nothing of rlvr),
+as PID 1 of the sandbox's PID namespace under bubblewrap. It reads the job, JSON, from
+stdin and writes JSON lines to stdout: `{"ready": 1}`, then one per case (`{"case": i,
+"status": ..., "stdout" | "value": ..., "detail": ...}`), then `{"done": 1}`. Outputs are
+compared by the host; expected outputs never enter the sandbox (an assert-based check carries
+its own).
+
+Nothing inside can write those lines for it: it makes itself non-dumpable, so no other
+process of the sandbox may open its /proc entries (its stdout pipe among them) or trace it;
+as PID 1 it ignores every signal sent from inside that it does not handle (SIGKILL and
+SIGSTOP too; it handles none). Each case runs in a fork with fresh fds 0-3 (stdin, stdout,
+/dev/null, the result pipe) and its rlimits; when the case ends, every other process in the
+namespace is killed (`kill(-1, SIGKILL)`), so nothing of one case outlives it.
+
+Outside a PID namespace (the trusted `sandbox="none"`) the same code kills the case's process
+group instead.
+"""
+
+import builtins
+import errno
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import time
+
+_RESULT_FD = 3
+_MAX_FD = 1024
+_POLL_S = 0.01
+_SIGNAL_NAMES = {getattr(signal, n): n for n in dir(signal)
+                 if n.startswith("SIG") and not n.startswith("SIG_") and isinstance(getattr(signal, n), int)}
+
+
+def _write_all(fd, data):
+  """Writes every byte of `data` to fd."""
+  view = memoryview(data)
+  while view:
+    view = view[os.write(fd, view):]
+
+
+def _send(msg):
+  """One report line to the host (unbuffered: a fork must not inherit pending output)."""
+  _write_all(1, (json.dumps(msg) + "\n").encode())
+
+
+def _read_fd(fd):
+  """All bytes of fd up to EOF."""
+  chunks = []
+  while True:
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+      return b"".join(chunks)
+    chunks.append(chunk)
+
+
+def _set_limit(which, value):
+  """Soft and hard limit `value`, or the current hard limit where that is lower."""
+  _, hard = resource.getrlimit(which)
+  value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+  resource.setrlimit(which, (value, value))
+
+
+def _non_dumpable():
+  """prctl(PR_SET_DUMPABLE, 0): our /proc files and memory are closed to the other processes."""
+  import ctypes
+  if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+# ---------------------------------------------------------------------------
+# Inside a case's process.
+
+
+def _plain(value):
+  """json.dumps fallback: sets as sorted lists; anything else is not a value we can judge."""
+  if isinstance(value, (set, frozenset)):
+    try:
+      return sorted(value)
+    except TypeError:
+      return list(value)
+  raise TypeError(f"a {type(value).__name__} is not JSON-serializable")
+
+
+def _call(ns, fn_name, args):
+  """fn_name(*args), a top-level function or a method of a `Solution` class (LeetCode style)."""
+  fn = ns.get(fn_name)
+  if not callable(fn) and isinstance(ns.get("Solution"), type):
+    fn = getattr(ns["Solution"](), fn_name, None)
+  if not callable(fn):
+    raise NameError(f"function {fn_name!r} is not defined")
+  return fn(*args) if isinstance(args, list) else fn(args)
+
+
+def _check(ns, test, entry_point):
+  """Runs the test code in the program's namespace, then check(candidate) if it defines one."""
+  exec(compile(test, "test.py", "exec"), ns)
+  if entry_point and callable(ns.get("check")):
+    if entry_point not in ns:
+      raise NameError(f"entry point {entry_point!r} is not defined")
+    ns["check"](ns[entry_point])
+
+
+def _run_case(job, case):
+  """Runs the program on one case in this process; returns the result message."""
+  kind = job["kind"]
+  sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
+  sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+  sys.stderr = open(2, "w", closefd=False)
+  sys.argv = ["solution.py"]
+  ns = {"__name__": "__main__" if kind == "stdio" else "solution", "__builtins__": builtins}
+  result = {"status": "ok"}
+  try:
+    exec(compile(job["program"], "solution.py", "exec"), ns)
+    if kind == "call":
+      result["value"] = json.loads(json.dumps(_call(ns, job["fn_name"], case), default=_plain))
+    elif kind == "assert":
+      _check(ns, job["test"], job.get("entry_point"))
+  except SystemExit as e:
+    if kind != "stdio" or e.code not in (None, 0):
+      result = {"status": "runtime_error", "detail": f"SystemExit({e.code!r})"}
+  except AssertionError as e:
+    status = "wrong_answer" if kind == "assert" else "runtime_error"
+    result = {"status": status, "detail": f"AssertionError: {str(e)[:200]}"}
+  except MemoryError:
+    result = {"status": "memory", "detail": "MemoryError"}
+  except OSError as e:
+    status = "output_limit" if e.errno in (errno.EFBIG, errno.ENOSPC) else "runtime_error"
+    result = {"status": status, "detail": f"{type(e).__name__}: {str(e)[:200]}"}
+  except BaseException as e:  # noqa: BLE001 - whatever the program raises is its failure
+    result = {"status": "runtime_error", "detail": f"{type(e).__name__}: {str(e)[:200]}"}
+  try:
+    sys.stdout.flush()
+  except BaseException:  # noqa: BLE001 - the judge stopped reading (output cap) or the like
+    pass
+  return result
+
+
+def _case_main(job, case, input_fd, out_w, res_w):
+  """The forked case process: fresh fds and limits, run, report on fd 3, exit."""
+  try:
+    null = os.open(os.devnull, os.O_WRONLY)
+    for src, dst in ((input_fd, 0), (out_w, 1), (null, 2), (res_w, _RESULT_FD)):
+      os.dup2(src, dst)
+    os.closerange(_RESULT_FD + 1, _MAX_FD)
+    if os.getpid() != 1 and os.getppid() != 1 and not job.get("pid_namespace"):
+      os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    lim = job["limits"]
+    cpu = max(1, int(lim["cpu_s"] + 0.999))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    _set_limit(resource.RLIMIT_FSIZE, lim["file_bytes"])
+    _set_limit(resource.RLIMIT_AS, lim["memory_bytes"])
+    result = _run_case(job, case)
+    try:
+      line = json.dumps(result)
+    except (TypeError, ValueError, RecursionError) as e:
+      line = json.dumps({"status": "runtime_error", "detail": f"unreportable result: {e}"})
+    _write_all(_RESULT_FD, ("\n" + line + "\n").encode())
+  except MemoryError:
+    try:
+      _write_all(_RESULT_FD, b'\n{"status": "memory", "detail": "MemoryError"}\n')
+    except BaseException:  # noqa: BLE001
+      pass
+  finally:
+    os._exit(0)
+
+
+# ---------------------------------------------------------------------------
+# The judge: one case at a time.
+
+
+def _input_fd(text):
+  """A readable fd holding `text` (a memfd: no file system needed)."""
+  fd = os.memfd_create("stdin")
+  _write_all(fd, text.encode())
+  os.lseek(fd, 0, os.SEEK_SET)
+  return fd
+
+
+def _reap(child, statuses):
+  """Reaps every exited process; records the case process's (status, cpu seconds)."""
+  while True:
+    try:
+      pid, status, usage = os.wait3(os.WNOHANG)
+    except ChildProcessError:
+      return
+    if pid == 0:
+      return
+    if pid == child:
+      statuses[child] = (status, usage.ru_utime + usage.ru_stime)
+
+
+def _kill_rest(child, statuses, in_namespace):
+  """Kills every process of the case (all processes but us in a PID namespace) and reaps."""
+  for _ in range(1000):
+    try:
+      if in_namespace:
+        os.kill(-1, signal.SIGKILL)
+      else:
+        os.killpg(child, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+    time.sleep(0.001 if in_namespace else 0)
+    _reap(child, statuses)
+    if child in statuses and (not in_namespace or _no_children()):
+      return
+  if child not in statuses:                      # pragma: no cover - a process stuck in D state
+    statuses[child] = (signal.SIGKILL, 0.0)
+
+
+def _no_children():
+  """True when we have no child processes left (exited ones are reaped first)."""
+  try:
+    return os.waitpid(-1, os.WNOHANG) == (0, 0) and False
+  except ChildProcessError:
+    return True
+
+
+def _classify(kind, status, cpu_s, limit_cpu, result):
+  """(status, detail) from the case's wait status, its CPU time and its result message."""
+  if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    name = _SIGNAL_NAMES.get(sig, str(sig))
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limit_cpu):
+      return "timeout", f"CPU limit ({name})"
+    if sig == signal.SIGXFSZ:
+      return "output_limit", "file size limit (SIGXFSZ)"
+    return "runtime_error", f"killed by {name}"
+  code = os.WEXITSTATUS(status)
+  if result is not None:
+    return result.get("status", "runtime_error"), result.get("detail", "")
+  if kind == "stdio" and code == 0:
+    return "ok", ""
+  return "runtime_error", f"exited with status {code} and no result"
+
+
+def _last_result(data):
+  """The last well-formed result line the case wrote on fd 3, or None."""
+  for line in reversed(data.split(b"\n")):
+    if line.strip():
+      try:
+        msg = json.loads(line)
+      except ValueError:
+        return None
+      return msg if isinstance(msg, dict) else None
+  return None
+
+
+def _run_one(job, index, case, in_namespace):
+  """Forks the case's process, watches it to the end (wall, output caps), reports the case."""
+  lim = job["limits"]
+  input_fd = _input_fd(case if job["kind"] == "stdio" else "")
+  out_r, out_w = os.pipe()
+  res_r, res_w = os.pipe()
+  child = os.fork()
+  if child == 0:
+    _case_main(job, case, input_fd, out_w, res_w)
+  for fd in (input_fd, out_w, res_w):
+    os.close(fd)
+  bufs = {out_r: bytearray(), res_r: bytearray()}
+  caps = {out_r: lim["output_bytes"], res_r: lim["output_bytes"] + (1 << 16)}
+  open_fds, statuses, verdict = [out_r, res_r], {}, None
+  deadline = time.monotonic() + lim["wall_s"]
+  while verdict is None:
+    _reap(child, statuses)
+    left = deadline - time.monotonic()
+    if left <= 0:
+      verdict = ("timeout", f"wall limit ({lim['wall_s']} s)")
+      break
+    ready = select.select(open_fds, [], [], min(left, _POLL_S))[0] if open_fds else []
+    if not open_fds:
+      time.sleep(min(left, _POLL_S))
+    for fd in ready:
+      chunk = os.read(fd, 1 << 16)
+      if not chunk:
+        open_fds.remove(fd)
+      bufs[fd] += chunk
+      if len(bufs[fd]) > caps[fd]:
+        verdict = ("output_limit", f"more than {lim['output_bytes']} bytes of output")
+    if child in statuses and not ready:
+      break                                        # exited and its pipes are drained
+  _kill_rest(child, statuses, in_namespace)
+  for fd in (out_r, res_r):
+    os.close(fd)
+  status, cpu_s = statuses[child]
+  if verdict is None:
+    verdict = _classify(job["kind"], status, cpu_s, lim["cpu_s"], _last_result(bytes(bufs[res_r])))
+  msg = {"case": index, "status": verdict[0], "detail": verdict[1][:300]}
+  if verdict[0] == "ok" and job["kind"] == "stdio":
+    msg["stdout"] = bufs[out_r].decode("utf-8", "replace")
+  elif verdict[0] == "ok" and job["kind"] == "call":
+    result = _last_result(bytes(bufs[res_r]))
+    msg["value"] = result.get("value") if result else None
+  return msg
+
+
+def main():
+  """Reads the job from stdin, runs every case, reports each on stdout."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  _non_dumpable()
+  job = json.loads(_read_fd(0))
+  null = os.open(os.devnull, os.O_RDONLY)
+  os.dup2(null, 0)
+  os.close(null)
+  in_namespace = os.getpid() == 1
+  _set_limit(resource.RLIMIT_CORE, 0)
+  if job["limits"].get("nproc"):
+    _set_limit(resource.RLIMIT_NPROC, job["limits"]["nproc"])
+  _send({"ready": 1})
+  for index, case in enumerate(job["cases"]):
+    _send(_run_one(job, index, case, in_namespace))
+  _send({"done": 1})
+
+
+if __name__ == "__main__":
+  main()
