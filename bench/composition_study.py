@@ -39,15 +39,26 @@ ARMS = ("depth1", "curriculum")
 def _arm_flags(arm: str) -> list[str]:
   if arm == "depth1":
     return ["--config.composition.depths=(1,)"]
-  return ["--config.composition.depths=(1, 2, 3)",
-          f"--config.composition.max_steps={FLAGS.steps // 3}",
-          "--config.composition.solve_all_threshold=0.0"]
+  return [
+    "--config.composition.depths=(1, 2, 3)",
+    f"--config.composition.max_steps={FLAGS.steps // 3}",
+    "--config.composition.solve_all_threshold=0.0",
+  ]
 
 
 def _train(workdir: str, arm: str, seed: int) -> list[dict]:
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_composition.py",
-         f"--workdir={workdir}", f"--config.rl.steps={FLAGS.steps}", f"--config.seed={seed}",
-         f"--config.eval.every={FLAGS.eval_every}", *_arm_flags(arm), *FLAGS.extra]
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_composition.py",
+    f"--workdir={workdir}",
+    f"--config.rl.steps={FLAGS.steps}",
+    f"--config.seed={seed}",
+    f"--config.eval.every={FLAGS.eval_every}",
+    *_arm_flags(arm),
+    *FLAGS.extra,
+  ]
   subprocess.run(cmd, cwd=REPO, check=True)
   return read_rows(workdir)
 
@@ -66,19 +77,29 @@ def main(argv):
   rows = run_arms(root, seeds, ARMS, _train)
 
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, axes = plt.subplots(1, len(DEPTHS) + 1, figsize=(4.2 * (len(DEPTHS) + 1), 3.2))
   for ax, depth in zip(axes, DEPTHS):
     for arm in ARMS:
       per_seed = [_evals(rows[arm][s], depth) for s in seeds]
       steps = [st for st, _ in per_seed[0]]
-      ax.plot(steps, [100 * sum(ps[i][1] for ps in per_seed) / len(seeds)
-                      for i in range(len(steps))], marker=".", label=arm)
+      ax.plot(
+        steps,
+        [100 * sum(ps[i][1] for ps in per_seed) / len(seeds) for i in range(len(steps))],
+        marker=".",
+        label=arm,
+      )
     ax.set_title(f"held-out pass@1, depth {depth} (%)")
-  for arm in ARMS:   # the depth each arm trained on, step by step (first seed)
-    axes[-1].step([r["step"] for r in rows[arm][seeds[0]][1:]],
-                  [r["depth"] for r in rows[arm][seeds[0]][1:]], label=arm, where="post")
+  for arm in ARMS:  # the depth each arm trained on, step by step (first seed)
+    axes[-1].step(
+      [r["step"] for r in rows[arm][seeds[0]][1:]],
+      [r["depth"] for r in rows[arm][seeds[0]][1:]],
+      label=arm,
+      where="post",
+    )
   axes[-1].set_title("training depth")
   for ax in axes:
     ax.set_xlabel("step")
@@ -87,22 +108,30 @@ def main(argv):
   fig.tight_layout()
   fig.savefig(os.path.join(root, "composition_study.png"), dpi=110)
 
-  final = {arm: {s: {d: _evals(rows[arm][s], d)[-1][1] for d in DEPTHS} for s in seeds}
-           for arm in ARMS}
+  final = {
+    arm: {s: {d: _evals(rows[arm][s], d)[-1][1] for d in DEPTHS} for s in seeds} for arm in ARMS
+  }
   start = {s: {d: _evals(rows[ARMS[0]][s], d)[0][1] for d in DEPTHS} for s in seeds}
-  lines = ["| arm | " + " | ".join(f"depth {d} pass@1" for d in DEPTHS) + " |",
-           "|---|" + "---|" * len(DEPTHS)]
-  cells = lambda per: " | ".join("{:.1f}±{:.1f}".format(*(100 * x for x in mean_se(
-      [per[s][d] for s in seeds]))) for d in DEPTHS)
+  lines = [
+    "| arm | " + " | ".join(f"depth {d} pass@1" for d in DEPTHS) + " |",
+    "|---|" + "---|" * len(DEPTHS),
+  ]
+  cells = lambda per: " | ".join(
+    "{:.1f}±{:.1f}".format(*(100 * x for x in mean_se([per[s][d] for s in seeds]))) for d in DEPTHS
+  )
   lines.append(f"| SFT (step 0) | {cells(start)} |")
   for arm in ARMS:
     lines.append(f"| {arm} (step {FLAGS.steps}) | {cells(final[arm])} |")
   summary = {
-      "seeds": seeds, "steps": FLAGS.steps, "sft_pass@1": start, "final_pass@1": final,
-      "curriculum_minus_depth1_mean_se": {
-          d: mean_se([final["curriculum"][s][d] - final["depth1"][s][d] for s in seeds])
-          for d in DEPTHS},
-      "table": "\n".join(lines)}
+    "seeds": seeds,
+    "steps": FLAGS.steps,
+    "sft_pass@1": start,
+    "final_pass@1": final,
+    "curriculum_minus_depth1_mean_se": {
+      d: mean_se([final["curriculum"][s][d] - final["depth1"][s][d] for s in seeds]) for d in DEPTHS
+    },
+    "table": "\n".join(lines),
+  }
   with open(os.path.join(root, "study.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(summary["table"])

@@ -38,16 +38,54 @@ flags.DEFINE_bool("small", False, "Tiny shapes for CPU (the test): seconds, not 
 flags.DEFINE_string("json", "", "Also write the JSON here.")
 
 # Every size the check uses; --small swaps in the second set.
-FULL = dict(model=CONFIGS["1.5b"], fwd_rows=2, fwd_t=512, matmul_sizes=(4096, 8192, 16384),
-            matmul_repeats=5, matmul_calls=4, learner_rows=2, learner_t=4096, learner_steps=3,
-            attn_t=4096, attn_heads=(12, 2, 128), attn_check_t=2048, attn_repeats=5,
-            prompts=64, prompt_len=64, new_tokens=256)
-SMALL = dict(model=dict(family="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
-                        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                        tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6),
-             fwd_rows=1, fwd_t=32, matmul_sizes=(512, 1024), matmul_repeats=3, matmul_calls=2,
-             learner_rows=2, learner_t=128, learner_steps=2, attn_t=256, attn_heads=(4, 2, 16),
-             attn_check_t=128, attn_repeats=3, prompts=4, prompt_len=8, new_tokens=16)
+FULL = dict(
+  model=CONFIGS["1.5b"],
+  fwd_rows=2,
+  fwd_t=512,
+  matmul_sizes=(4096, 8192, 16384),
+  matmul_repeats=5,
+  matmul_calls=4,
+  learner_rows=2,
+  learner_t=4096,
+  learner_steps=3,
+  attn_t=4096,
+  attn_heads=(12, 2, 128),
+  attn_check_t=2048,
+  attn_repeats=5,
+  prompts=64,
+  prompt_len=64,
+  new_tokens=256,
+)
+SMALL = dict(
+  model=dict(
+    family="qwen2",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    tie_word_embeddings=True,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+  ),
+  fwd_rows=1,
+  fwd_t=32,
+  matmul_sizes=(512, 1024),
+  matmul_repeats=3,
+  matmul_calls=2,
+  learner_rows=2,
+  learner_t=128,
+  learner_steps=2,
+  attn_t=256,
+  attn_heads=(4, 2, 16),
+  attn_check_t=128,
+  attn_repeats=3,
+  prompts=4,
+  prompt_len=8,
+  new_tokens=16,
+)
 
 _START = time.perf_counter()
 GPU_ONLY = {"skipped": "needs a GPU"}
@@ -73,6 +111,7 @@ def _guarded(name: str, fn, *args):
 def _best_time(fn, repeats: int) -> float:
   """Best wall time of `repeats` calls of fn (each waited for)."""
   import jax
+
   best = float("inf")
   for _ in range(repeats):
     t = time.perf_counter()
@@ -88,22 +127,32 @@ def bf16_vs_f32(cfg, params, s):
   import numpy as np
 
   from rlvr import model
-  tokens = jnp.asarray(np.random.RandomState(1).randint(0, cfg.vocab_size,
-                                                         (s["fwd_rows"], s["fwd_t"])), jnp.int32)
-  fwd = jax.jit(lambda p, x, dt: model.forward(jax.tree.map(lambda a: a.astype(dt), p), x,
-                                               config=cfg), static_argnums=2)
+
+  tokens = jnp.asarray(
+    np.random.RandomState(1).randint(0, cfg.vocab_size, (s["fwd_rows"], s["fwd_t"])), jnp.int32
+  )
+  fwd = jax.jit(
+    lambda p, x, dt: model.forward(jax.tree.map(lambda a: a.astype(dt), p), x, config=cfg),
+    static_argnums=2,
+  )
   lo = fwd(params, tokens, jnp.bfloat16)
-  with jax.default_matmul_precision("highest"):   # no TF32: a true f32 reference
+  with jax.default_matmul_precision("highest"):  # no TF32: a true f32 reference
     hi = fwd(params, tokens, jnp.float32)
   diff = jnp.abs(lo - hi)
-  return dict(rows=s["fwd_rows"], t=s["fwd_t"], max_abs_diff=float(diff.max()),
-              mean_abs_diff=float(diff.mean()), max_abs_logit=float(jnp.abs(hi).max()),
-              f32_matmul_precision="highest")
+  return dict(
+    rows=s["fwd_rows"],
+    t=s["fwd_t"],
+    max_abs_diff=float(diff.max()),
+    mean_abs_diff=float(diff.mean()),
+    max_abs_logit=float(jnp.abs(hi).max()),
+    f32_matmul_precision="highest",
+  )
 
 
 def matmul_peak_tflops(s) -> float:
   import jax
   import jax.numpy as jnp
+
   mm = jax.jit(lambda a, b: a @ b)
   best = 0.0
   for n in s["matmul_sizes"]:
@@ -111,11 +160,15 @@ def matmul_peak_tflops(s) -> float:
     a = jax.random.normal(ka, (n, n), jnp.bfloat16)
     b = jax.random.normal(kb, (n, n), jnp.bfloat16)
     mm(a, b).block_until_ready()
-    calls = s["matmul_calls"]   # queued back to back, so dispatch hides behind compute
-    dt = _best_time(lambda a=a, b=b, calls=calls: [mm(a, b) for _ in range(calls)],
-                    s["matmul_repeats"]) / calls
-    _log(f"  matmul {n}: {2 * n ** 3 / dt / 1e12:.1f} TFLOP/s")
-    best = max(best, 2 * n ** 3 / dt / 1e12)
+    calls = s["matmul_calls"]  # queued back to back, so dispatch hides behind compute
+    dt = (
+      _best_time(
+        lambda a=a, b=b, calls=calls: [mm(a, b) for _ in range(calls)], s["matmul_repeats"]
+      )
+      / calls
+    )
+    _log(f"  matmul {n}: {2 * n**3 / dt / 1e12:.1f} TFLOP/s")
+    best = max(best, 2 * n**3 / dt / 1e12)
     del a, b
   return best
 
@@ -126,16 +179,19 @@ def learner_step(cfg, params, s, attention_impl: str, peak_tflops):
   import numpy as np
 
   from rlvr import learner, sharding
+
   rows, t = s["learner_rows"], s["learner_t"]
   lc = learner.LearnerConfig(compute_dtype="bfloat16", remat=True, attention=attention_impl)
   mesh = sharding.make_mesh({"fsdp": -1}, devices=jax.devices()[:1])
   rng = np.random.RandomState(2)
   mask = np.zeros((rows, t), np.float32)
-  mask[:, t // 4:] = 1   # prompt, then the completion in the loss
+  mask[:, t // 4 :] = 1  # prompt, then the completion in the loss
   batch = learner.TrainBatch(
-      tokens_bt=jnp.asarray(rng.randint(0, cfg.vocab_size, (rows, t)), jnp.int32),
-      segment_bt=jnp.ones((rows, t), jnp.int32), loss_mask_bt=jnp.asarray(mask),
-      advantages_b=jnp.asarray(rng.randn(rows), jnp.float32))
+    tokens_bt=jnp.asarray(rng.randint(0, cfg.vocab_size, (rows, t)), jnp.int32),
+    segment_bt=jnp.ones((rows, t), jnp.int32),
+    loss_mask_bt=jnp.asarray(mask),
+    advantages_b=jnp.asarray(rng.randn(rows), jnp.float32),
+  )
   state = learner.init_state(cfg, lc, params, mesh)
   update = learner.make_update_fn(cfg, lc, mesh)
   t0 = time.perf_counter()
@@ -148,9 +204,15 @@ def learner_step(cfg, params, s, attention_impl: str, peak_tflops):
   jax.block_until_ready(m)
   step_s = (time.perf_counter() - t0) / s["learner_steps"]
   del state
-  out = dict(rows=rows, t=t, step_s=step_s, tokens_per_s=rows * t / step_s,
-             model_tflops_per_step=model_flops_per_token(cfg, t) * rows * t / 1e12,
-             compile_s=compile_s, loss=float(m["loss"]))
+  out = dict(
+    rows=rows,
+    t=t,
+    step_s=step_s,
+    tokens_per_s=rows * t / step_s,
+    model_tflops_per_step=model_flops_per_token(cfg, t) * rows * t / 1e12,
+    compile_s=compile_s,
+    loss=float(m["loss"]),
+  )
   if isinstance(peak_tflops, float) and peak_tflops > 0:
     out["mfu"] = out["model_tflops_per_step"] / step_s / peak_tflops
   return out
@@ -160,11 +222,16 @@ def _attention_inputs(b, t, heads, dtype, seed):
   """Normal q, k, v in `dtype` and an f32 output weight (numpy-drawn: nothing to compile)."""
   import jax.numpy as jnp
   import numpy as np
+
   h, kvh, hd = heads
   rng = np.random.RandomState(seed)
   draw = lambda *shape: jnp.asarray(rng.randn(*shape).astype(np.float32))  # noqa: E731
-  return (draw(b, t, h, hd).astype(dtype), draw(b, t, kvh, hd).astype(dtype),
-          draw(b, t, kvh, hd).astype(dtype), draw(b, t, h * hd))
+  return (
+    draw(b, t, h, hd).astype(dtype),
+    draw(b, t, kvh, hd).astype(dtype),
+    draw(b, t, kvh, hd).astype(dtype),
+    draw(b, t, h * hd),
+  )
 
 
 def _attention_fns(gpu: bool):
@@ -186,15 +253,18 @@ def attention_fwd_bwd(fn, s):
   """ms of one forward + backward (grads of q, k, v) at T=attn_t, B=1, bf16."""
   import jax
   import jax.numpy as jnp
+
   q, k, v, w = _attention_inputs(1, s["attn_t"], s["attn_heads"], jnp.bfloat16, 3)
   seg = jnp.ones(q.shape[:2], jnp.int32)
-  step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, seg).astype(jnp.float32) * w),
-                          argnums=(0, 1, 2)))
+  step = jax.jit(
+    jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, seg).astype(jnp.float32) * w), argnums=(0, 1, 2))
+  )
   t0 = time.perf_counter()
   jax.block_until_ready(step(q, k, v))
   compile_s = time.perf_counter() - t0
-  return dict(fwd_bwd_ms=_best_time(lambda: step(q, k, v), s["attn_repeats"]) * 1e3,
-              compile_s=compile_s)
+  return dict(
+    fwd_bwd_ms=_best_time(lambda: step(q, k, v), s["attn_repeats"]) * 1e3, compile_s=compile_s
+  )
 
 
 @functools.lru_cache(maxsize=1)
@@ -203,9 +273,10 @@ def _check_case(t: int, heads: tuple):
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   q, k, v, _ = _attention_inputs(2, t, heads, jnp.float32, 4)
   seg = np.ones((2, t), np.int32)
-  seg[0, 3 * t // 4:] = 0
+  seg[0, 3 * t // 4 :] = 0
   with jax.default_matmul_precision("highest"):
     want = np.asarray(jax.jit(_attention_fns(False)["dense"])(q, k, v, jnp.asarray(seg)))
   return (q, k, v, jnp.asarray(seg)), seg.astype(bool), want
@@ -218,13 +289,17 @@ def attention_diff(name, fn, s):
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   (q, k, v, seg), real, want = _check_case(s["attn_check_t"], s["attn_heads"])
   dt = jnp.float32 if name == "blockwise" else jnp.bfloat16
   with jax.default_matmul_precision("highest" if dt == jnp.float32 else None):
     got = jax.jit(fn)(q.astype(dt), k.astype(dt), v.astype(dt), seg)
   got = np.asarray(got.astype(jnp.float32))
-  return dict(t=s["attn_check_t"], input_dtype=jnp.dtype(dt).name,
-              max_abs_vs_dense_f32=float(np.abs(got - want)[real].max()))
+  return dict(
+    t=s["attn_check_t"],
+    input_dtype=jnp.dtype(dt).name,
+    max_abs_vs_dense_f32=float(np.abs(got - want)[real].max()),
+  )
 
 
 def sampler_decode(cfg, params, s):
@@ -233,12 +308,15 @@ def sampler_decode(cfg, params, s):
   import numpy as np
 
   from rlvr.sampling import JaxSampler, SamplingParams
+
   sampler = JaxSampler(cfg, jax.tree.map(lambda a: a.astype(jnp.bfloat16), params), None)
   rng = np.random.RandomState(5)
-  prompts = [[int(x) for x in rng.randint(0, cfg.vocab_size, s["prompt_len"])]
-             for _ in range(s["prompts"])]
-  sp = SamplingParams(n=1, temperature=1.0, max_tokens=s["new_tokens"], seed=0, logprobs=False,
-                      ignore_eos=True)
+  prompts = [
+    [int(x) for x in rng.randint(0, cfg.vocab_size, s["prompt_len"])] for _ in range(s["prompts"])
+  ]
+  sp = SamplingParams(
+    n=1, temperature=1.0, max_tokens=s["new_tokens"], seed=0, logprobs=False, ignore_eos=True
+  )
   t0 = time.perf_counter()
   sampler.generate(prompts, sp)
   first_s = time.perf_counter() - t0
@@ -246,9 +324,17 @@ def sampler_decode(cfg, params, s):
   outs = sampler.generate(prompts, sp)
   dt = time.perf_counter() - t0
   n = sum(len(c.token_ids) for g in outs for c in g)
-  return dict(prompts=s["prompts"], prompt_len=s["prompt_len"], new_tokens=s["new_tokens"],
-              generated=n, seconds=dt, tokens_per_s=n / dt, compile_s=max(first_s - dt, 0.0),
-              dtype="bfloat16", note="prefill included; EOS ignored")
+  return dict(
+    prompts=s["prompts"],
+    prompt_len=s["prompt_len"],
+    new_tokens=s["new_tokens"],
+    generated=n,
+    seconds=dt,
+    tokens_per_s=n / dt,
+    compile_s=max(first_s - dt, 0.0),
+    dtype="bfloat16",
+    note="prefill included; EOS ignored",
+  )
 
 
 # ------------------------------------------------------------------ main
@@ -257,36 +343,45 @@ def main(argv):
   import jax
 
   from rlvr import model
+
   s = SMALL if FLAGS.small else FULL
   dev = jax.devices()[0]
   gpu = dev.platform == "gpu"
   cfg = model.ModelConfig(**s["model"])
-  out = dict(platform=dev.platform, device_kind=dev.device_kind, jax_version=jax.__version__,
-             devices=jax.device_count(), small=FLAGS.small)
+  out = dict(
+    platform=dev.platform,
+    device_kind=dev.device_kind,
+    jax_version=jax.__version__,
+    devices=jax.device_count(),
+    small=FLAGS.small,
+  )
   _log(f"{dev.device_kind} ({dev.platform}); model {model.count_params(cfg) / 1e6:.1f}M params")
 
-  params = jax.jit(lambda key: model.init(cfg, key))(jax.random.key(0))   # f32
+  params = jax.jit(lambda key: model.init(cfg, key))(jax.random.key(0))  # f32
   out["bf16_vs_f32"] = _guarded("bf16_vs_f32", bf16_vs_f32, cfg, params, s)
   out["matmul_peak_tflops"] = _guarded("matmul_peak_tflops", matmul_peak_tflops, s)
 
   peak = out["matmul_peak_tflops"]
-  out["learner"] = {"blockwise": _guarded("learner blockwise", learner_step, cfg, params, s,
-                                          "blockwise", peak)}
-  out["learner"]["cudnn"] = (_guarded("learner cudnn", learner_step, cfg, params, s, "cudnn", peak)
-                             if gpu else GPU_ONLY)
+  out["learner"] = {
+    "blockwise": _guarded("learner blockwise", learner_step, cfg, params, s, "blockwise", peak)
+  }
+  out["learner"]["cudnn"] = (
+    _guarded("learner cudnn", learner_step, cfg, params, s, "cudnn", peak) if gpu else GPU_ONLY
+  )
 
   fns = _attention_fns(gpu)
   h, kvh, hd = s["attn_heads"]
-  out["attention"] = dict(t=s["attn_t"], batch=1, q_heads=h, kv_heads=kvh, head_dim=hd,
-                          dtype="bfloat16")
+  out["attention"] = dict(
+    t=s["attn_t"], batch=1, q_heads=h, kv_heads=kvh, head_dim=hd, dtype="bfloat16"
+  )
   for name in ("dense", "blockwise", "cudnn"):
     if name not in fns:
       out["attention"][name] = GPU_ONLY
       continue
-    out["attention"][name] = dict(_guarded(f"attention {name}", attention_fwd_bwd,
-                                           fns[name], s),
-                                  diff=_guarded(f"attention {name} diff", attention_diff, name,
-                                                fns[name], s))
+    out["attention"][name] = dict(
+      _guarded(f"attention {name}", attention_fwd_bwd, fns[name], s),
+      diff=_guarded(f"attention {name} diff", attention_diff, name, fns[name], s),
+    )
 
   out["sampler"] = _guarded("sampler", sampler_decode, cfg, params, s)
   out["total_seconds"] = time.perf_counter() - _START

@@ -28,12 +28,21 @@ flags.DEFINE_integer("seq", 512, "Tokens per row.")
 flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up step).")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 flags.DEFINE_bool("remat", False, "Rematerialise decoder layers.")
-flags.DEFINE_bool("scan_layers", False, "One lax.scan over the layers (the learner's default, "
-                  "for deep models) instead of unrolled layers (faster for this small model).")
+flags.DEFINE_bool(
+  "scan_layers",
+  False,
+  "One lax.scan over the layers (the learner's default, "
+  "for deep models) instead of unrolled layers (faster for this small model).",
+)
 flags.DEFINE_bool("skip_torch", False, "Only run ours.")
-flags.DEFINE_list("seqs", [], "T-scaling: run each of these row lengths with --tokens per step "
-                  "(e.g. 256,512,1024,2048) and print a table; overrides --batch / --seq.")
+flags.DEFINE_list(
+  "seqs",
+  [],
+  "T-scaling: run each of these row lengths with --tokens per step "
+  "(e.g. 256,512,1024,2048) and print a table; overrides --batch / --seq.",
+)
 flags.DEFINE_integer("tokens", 4096, "Tokens per step for --seqs.")
+
 
 def matmul_peak(dtype) -> float:
   """Best FLOP/s of jitted square matmuls over several sizes and repeats, random inputs,
@@ -41,6 +50,7 @@ def matmul_peak(dtype) -> float:
   right now."""
   import jax
   import jax.numpy as jnp
+
   sizes = (512, 1024, 2048, 3072) if jax.default_backend() == "cpu" else (4096, 8192, 16384)
   best = 0.0
   for n in sizes:
@@ -52,16 +62,17 @@ def matmul_peak(dtype) -> float:
     for _ in range(10):
       t = time.perf_counter()
       f(a, b).block_until_ready()
-      best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+      best = max(best, 2 * n**3 / (time.perf_counter() - t))
   return best
 
 
 def make_batch(cfg, batch, seq):
   import numpy as np
+
   rng = np.random.RandomState(0)
   tokens = rng.randint(0, cfg.vocab_size, (batch, seq)).astype(np.int32)
   mask = np.zeros((batch, seq), np.float32)
-  mask[:, seq // 4:] = 1
+  mask[:, seq // 4 :] = 1
   adv = rng.randn(batch).astype(np.float32)
   return tokens, mask, adv
 
@@ -71,15 +82,25 @@ def bench_ours(cfg, tokens, mask, adv):
   import jax.numpy as jnp
 
   from rlvr import learner, model, sharding
-  lc = learner.LearnerConfig(learning_rate=1e-6, compute_dtype=FLAGS.dtype, remat=FLAGS.remat,
-                             dual_clip=None, scan_layers=FLAGS.scan_layers)
+
+  lc = learner.LearnerConfig(
+    learning_rate=1e-6,
+    compute_dtype=FLAGS.dtype,
+    remat=FLAGS.remat,
+    dual_clip=None,
+    scan_layers=FLAGS.scan_layers,
+  )
   mesh = sharding.make_mesh({"fsdp": -1})
   params = model.init(cfg, jax.random.key(0))
   state = learner.init_state(cfg, lc, params, mesh)
   del params
   update = learner.make_update_fn(cfg, lc, mesh)
-  batch = learner.TrainBatch(tokens_bt=jnp.asarray(tokens), segment_bt=jnp.ones_like(tokens),
-                             loss_mask_bt=jnp.asarray(mask), advantages_b=jnp.asarray(adv))
+  batch = learner.TrainBatch(
+    tokens_bt=jnp.asarray(tokens),
+    segment_bt=jnp.ones_like(tokens),
+    loss_mask_bt=jnp.asarray(mask),
+    advantages_b=jnp.asarray(adv),
+  )
   t = time.perf_counter()
   state, m = update(state, batch)
   jax.block_until_ready(m)
@@ -94,6 +115,7 @@ def bench_ours(cfg, tokens, mask, adv):
 def bench_torch(cfg, tokens, mask, adv):
   import torch
   from transformers import Qwen2Config, Qwen2ForCausalLM
+
   torch.set_num_threads(os.cpu_count() or 1)
   tc = Qwen2Config(**{k: v for k, v in cfg.to_hf().items() if k not in ("architectures",)})
   tm = Qwen2ForCausalLM(tc).train()
@@ -129,16 +151,22 @@ def _compare(cfg, batch, seq, peak):
   n_tok = batch * seq
   flops = model_flops_per_token(cfg, seq) * n_tok
   ours_s, compile_s, ours_loss = bench_ours(cfg, tokens, mask, adv)
-  print(f"T={seq:5d} x {batch:3d} rows  ours:  {ours_s:.3f} s/step  {n_tok / ours_s:10,.0f} "
-        f"tokens/s  MFU {flops / ours_s / peak:.1%}  (compile {compile_s:.1f}s, "
-        f"loss {ours_loss:.4f})", flush=True)
+  print(
+    f"T={seq:5d} x {batch:3d} rows  ours:  {ours_s:.3f} s/step  {n_tok / ours_s:10,.0f} "
+    f"tokens/s  MFU {flops / ours_s / peak:.1%}  (compile {compile_s:.1f}s, "
+    f"loss {ours_loss:.4f})",
+    flush=True,
+  )
   torch_tps = None
   if not FLAGS.skip_torch:
     torch_s, torch_loss = bench_torch(cfg, tokens, mask, adv)
     torch_tps = n_tok / torch_s
-    print(f"T={seq:5d} x {batch:3d} rows  torch: {torch_s:.3f} s/step  {torch_tps:10,.0f} "
-          f"tokens/s  MFU {flops / torch_s / peak:.1%}  (loss {torch_loss:.4f})  "
-          f"ours/torch {torch_s / ours_s:.2f}x", flush=True)
+    print(
+      f"T={seq:5d} x {batch:3d} rows  torch: {torch_s:.3f} s/step  {torch_tps:10,.0f} "
+      f"tokens/s  MFU {flops / torch_s / peak:.1%}  (loss {torch_loss:.4f})  "
+      f"ours/torch {torch_s / ours_s:.2f}x",
+      flush=True,
+    )
   return n_tok / ours_s, torch_tps
 
 
@@ -148,19 +176,27 @@ def main(argv):
   import jax.numpy as jnp
 
   from rlvr import model
+
   cfg = model.ModelConfig(**CONFIGS[FLAGS.model])
   n_params = model.count_params(cfg)
   dt = jnp.float32 if FLAGS.dtype == "float32" else jnp.bfloat16
-  shapes = ([(max(1, FLAGS.tokens // int(t)), int(t)) for t in FLAGS.seqs]
-            if FLAGS.seqs else [(FLAGS.batch, FLAGS.seq)])
-  print(f"model {FLAGS.model}: {n_params / 1e6:.1f}M params; {FLAGS.dtype}; layers "
-        f"{'scanned' if FLAGS.scan_layers else 'unrolled'}; backend {jax.default_backend()} "
-        f"({jax.device_count()} devices)")
+  shapes = (
+    [(max(1, FLAGS.tokens // int(t)), int(t)) for t in FLAGS.seqs]
+    if FLAGS.seqs
+    else [(FLAGS.batch, FLAGS.seq)]
+  )
+  print(
+    f"model {FLAGS.model}: {n_params / 1e6:.1f}M params; {FLAGS.dtype}; layers "
+    f"{'scanned' if FLAGS.scan_layers else 'unrolled'}; backend {jax.default_backend()} "
+    f"({jax.device_count()} devices)"
+  )
   peak_before = matmul_peak(dt)
   rows = [(seq, *_compare(cfg, batch, seq, peak_before)) for batch, seq in shapes]
-  peak = max(peak_before, matmul_peak(dt))   # probed before and after: the higher bounds both
-  print(f"measured matmul peak ({FLAGS.dtype}): {peak / 1e9:.1f} GFLOP/s (before the steps "
-        f"{peak_before / 1e9:.1f}); MFU above is against the before-probe")
+  peak = max(peak_before, matmul_peak(dt))  # probed before and after: the higher bounds both
+  print(
+    f"measured matmul peak ({FLAGS.dtype}): {peak / 1e9:.1f} GFLOP/s (before the steps "
+    f"{peak_before / 1e9:.1f}); MFU above is against the before-probe"
+  )
   if len(rows) > 1:
     print("\n| T | ours tokens/s | torch tokens/s | ours / torch |\n|---|---|---|---|")
     for seq, ours, torch_tps in rows:

@@ -32,24 +32,31 @@ from model_configs import PAPER_MODELS  # noqa: E402
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Experiment config.", lock_config=True)
 flags.DEFINE_integer("devices", 8, "Fake devices to compile for (the paper's GPU count).")
-flags.DEFINE_string("model", "", f"Model shapes: one of {sorted(PAPER_MODELS)}, 'config' (the "
-                    "config's model: its model.path, or its tiny model); default from the name.")
+flags.DEFINE_string(
+  "model",
+  "",
+  f"Model shapes: one of {sorted(PAPER_MODELS)}, 'config' (the "
+  "config's model: its model.path, or its tiny model); default from the name.",
+)
 flags.DEFINE_string("hf_config", "", "An HF config.json to take the shapes from instead.")
 flags.DEFINE_float("budget_gib", 80.0, "HBM per device (H100: 80).")
 flags.DEFINE_string("json", "", "Also write the plan here.")
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _model_config(cfg):
   from rlvr.model.config import ModelConfig
+
   if FLAGS.hf_config:
     with open(FLAGS.hf_config) as f:
       return ModelConfig.from_hf(json.load(f)), FLAGS.hf_config
-  key = FLAGS.model or next((k for k in PAPER_MODELS if os.path.basename(cfg.workdir).endswith(k)),
-                            "config")
+  key = FLAGS.model or next(
+    (k for k in PAPER_MODELS if os.path.basename(cfg.workdir).endswith(k)), "config"
+  )
   if key == "config":
     from rlvr import runner
+
     path = runner.prepare_model(cfg)
     return ModelConfig.from_hf(path), path
   if key not in PAPER_MODELS:
@@ -60,6 +67,7 @@ def _model_config(cfg):
 def _bytes_per_device(tree) -> int:
   """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
   import jax
+
   total = 0
   for x in jax.tree.leaves(tree):
     shard = x.sharding.shard_shape(x.shape)
@@ -72,6 +80,7 @@ def _model_flops(c, rows: int, t: int) -> float:
   import jax
 
   from rlvr.model import decoder
+
   n = sum(math.prod(x.shape) for x in jax.tree.leaves(decoder.param_shapes(c)))
   attn = 6 * c.num_layers * c.num_heads * c.head_dim * t / 2
   return rows * t * (6 * n + attn)
@@ -82,6 +91,7 @@ def plan(cfg, devices: int) -> dict:
   import jax.numpy as jnp
 
   from rlvr import checkpoint, learner, loop, settings, sharding
+
   model_cfg, model_name = _model_config(cfg)
   lc = settings.frozen(learner.LearnerConfig, cfg.rl.learner)
   rl = settings.frozen(loop.RLConfig, cfg.rl.loop)
@@ -93,11 +103,15 @@ def plan(cfg, devices: int) -> dict:
   # per-token advantages and truncation flags; the shapes of the worst case are compiled.
   per_row = (rows, t) if rl.pack else (rows,)
   batch = learner.TrainBatch(
-      tokens_bt=spec((rows, t), jnp.int32), segment_bt=spec((rows, t), jnp.int32),
-      loss_mask_bt=spec((rows, t), jnp.float32), advantages_b=spec(per_row, jnp.float32),
-      old_logp_bt=spec((rows, t), jnp.float32), sampler_logp_bt=spec((rows, t), jnp.float32),
-      truncated_b=spec(per_row, jnp.bool_),
-      positions_bt=spec((rows, t), jnp.int32) if rl.pack else None)
+    tokens_bt=spec((rows, t), jnp.int32),
+    segment_bt=spec((rows, t), jnp.int32),
+    loss_mask_bt=spec((rows, t), jnp.float32),
+    advantages_b=spec(per_row, jnp.float32),
+    old_logp_bt=spec((rows, t), jnp.float32),
+    sampler_logp_bt=spec((rows, t), jnp.float32),
+    truncated_b=spec(per_row, jnp.bool_),
+    positions_bt=spec((rows, t), jnp.int32) if rl.pack else None,
+  )
   compiled = learner.jit_train_step(model_cfg, lc, mesh, batch).lower(state, batch).compile()
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -110,58 +124,81 @@ def plan(cfg, devices: int) -> dict:
   total = inputs + temps + outputs
   # The old-logprob pass of a multi-step update (learner.make_logprob_fn), on the same
   # mini-batch and mesh; the optimizer state stays resident beside it.
-  placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                          sharding=sharding.batch_sharding(mesh, len(x.shape)))
+  placed = lambda x: jax.ShapeDtypeStruct(
+    x.shape, x.dtype, sharding=sharding.batch_sharding(mesh, len(x.shape))
+  )
   logp_fn = jax.jit(functools.partial(learner.batch_logprobs, model_cfg=model_cfg, cfg=lc))
   lp_mem = logp_fn.lower(state.params, jax.tree.map(placed, batch)).compile().memory_analysis()
-  lp_total = opt + lp_mem.argument_size_in_bytes + lp_mem.temp_size_in_bytes + \
-      lp_mem.output_size_in_bytes
+  lp_total = (
+    opt + lp_mem.argument_size_in_bytes + lp_mem.temp_size_in_bytes + lp_mem.output_size_in_bytes
+  )
   return {
-      "config": cfg.workdir, "model": model_name, "params_b": sum(
-          math.prod(x.shape) for x in jax.tree.leaves(state.params)) / 1e9,
-      "devices": devices, "mesh": dict(mesh.shape),
-      "rows_per_step": rows, "seq_len": t, "micro_batches": lc.micro_count(rows),
-      "rows_per_device_per_micro_batch": rows / lc.micro_count(rows) / (
-          mesh.shape["data"] * mesh.shape["fsdp"]),
-      "remat": lc.remat, "compute_dtype": lc.compute_dtype, "attention": lc.attention,
-      "packed": rl.pack,
-      "gib_per_device": {
-          "params": params / GIB, "optimizer": opt / GIB,
-          "inputs (state + batch)": inputs / GIB, "temporaries (grads, activations)": temps / GIB,
-          "outputs not aliased": outputs / GIB, "total": total / GIB},
-      "old_logprobs_gib_per_device": {
-          "temporaries": lp_mem.temp_size_in_bytes / GIB,
-          "total (with the optimizer state)": lp_total / GIB},
-      "budget_gib": FLAGS.budget_gib,
-      "fits": max(total, lp_total) / GIB <= FLAGS.budget_gib,
-      # 6 N per token (forward + backward) plus causal attention (6 L h d T / 2 per token),
-      # spread over the devices; XLA's own count visits loop bodies (layers, micro-batches)
-      # once, so it is reported as is, for what it is.
-      "model_tflops_per_step_per_device": _model_flops(model_cfg, rows, t) / devices / 1e12,
-      "xla_tflops_loop_bodies_once": float(cost.get("flops", float("nan"))) / 1e12,
+    "config": cfg.workdir,
+    "model": model_name,
+    "params_b": sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)) / 1e9,
+    "devices": devices,
+    "mesh": dict(mesh.shape),
+    "rows_per_step": rows,
+    "seq_len": t,
+    "micro_batches": lc.micro_count(rows),
+    "rows_per_device_per_micro_batch": rows
+    / lc.micro_count(rows)
+    / (mesh.shape["data"] * mesh.shape["fsdp"]),
+    "remat": lc.remat,
+    "compute_dtype": lc.compute_dtype,
+    "attention": lc.attention,
+    "packed": rl.pack,
+    "gib_per_device": {
+      "params": params / GIB,
+      "optimizer": opt / GIB,
+      "inputs (state + batch)": inputs / GIB,
+      "temporaries (grads, activations)": temps / GIB,
+      "outputs not aliased": outputs / GIB,
+      "total": total / GIB,
+    },
+    "old_logprobs_gib_per_device": {
+      "temporaries": lp_mem.temp_size_in_bytes / GIB,
+      "total (with the optimizer state)": lp_total / GIB,
+    },
+    "budget_gib": FLAGS.budget_gib,
+    "fits": max(total, lp_total) / GIB <= FLAGS.budget_gib,
+    # 6 N per token (forward + backward) plus causal attention (6 L h d T / 2 per token),
+    # spread over the devices; XLA's own count visits loop bodies (layers, micro-batches)
+    # once, so it is reported as is, for what it is.
+    "model_tflops_per_step_per_device": _model_flops(model_cfg, rows, t) / devices / 1e12,
+    "xla_tflops_loop_bodies_once": float(cost.get("flops", float("nan"))) / 1e12,
   }
 
 
 def main(argv):
   del argv
   import jax
+
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_num_cpu_devices", FLAGS.devices)
   out = plan(FLAGS.config, FLAGS.devices)
   g = out["gib_per_device"]
-  print(f"{out['config']}: {out['model']} ({out['params_b']:.1f}B) on {out['devices']} devices "
-        f"{out['mesh']}, {out['rows_per_step']} rows x {out['seq_len']} tokens, "
-        f"{out['micro_batches']} micro-batches ({out['rows_per_device_per_micro_batch']:g} "
-        f"rows/device each), packed={out['packed']}, remat={out['remat']}, "
-        f"{out['compute_dtype']}, attention={out['attention']}")
+  print(
+    f"{out['config']}: {out['model']} ({out['params_b']:.1f}B) on {out['devices']} devices "
+    f"{out['mesh']}, {out['rows_per_step']} rows x {out['seq_len']} tokens, "
+    f"{out['micro_batches']} micro-batches ({out['rows_per_device_per_micro_batch']:g} "
+    f"rows/device each), packed={out['packed']}, remat={out['remat']}, "
+    f"{out['compute_dtype']}, attention={out['attention']}"
+  )
   for k, v in g.items():
     print(f"  {k:34s} {v:8.2f} GiB")
   lp = out["old_logprobs_gib_per_device"]
-  print(f"  {'old-logprob pass, total':34s} {lp['total (with the optimizer state)']:8.2f} GiB "
-        f"(temporaries {lp['temporaries']:.2f})")
-  print(f"  {'budget':34s} {out['budget_gib']:8.2f} GiB -> {'fits' if out['fits'] else 'DOES NOT FIT'}")
-  print(f"  model TFLOPs per step per device: {out['model_tflops_per_step_per_device']:.1f} "
-        f"(XLA, loop bodies once: {out['xla_tflops_loop_bodies_once']:.1f})")
+  print(
+    f"  {'old-logprob pass, total':34s} {lp['total (with the optimizer state)']:8.2f} GiB "
+    f"(temporaries {lp['temporaries']:.2f})"
+  )
+  print(
+    f"  {'budget':34s} {out['budget_gib']:8.2f} GiB -> {'fits' if out['fits'] else 'DOES NOT FIT'}"
+  )
+  print(
+    f"  model TFLOPs per step per device: {out['model_tflops_per_step_per_device']:.1f} "
+    f"(XLA, loop bodies once: {out['xla_tflops_loop_bodies_once']:.1f})"
+  )
   if FLAGS.json:
     with open(FLAGS.json, "w") as f:
       json.dump(out, f, indent=2)

@@ -37,19 +37,30 @@ ARMS = ("mostly", "sometimes", "shuffled")
 
 def _arm_flags(arm: str, seed_dir: str) -> list[str]:
   if arm == "shuffled":
-    return ["--config.qbq.schedule=shuffled",
-            f"--config.qbq.replay_from={os.path.join(seed_dir, 'mostly')}"]
+    return [
+      "--config.qbq.schedule=shuffled",
+      f"--config.qbq.replay_from={os.path.join(seed_dir, 'mostly')}",
+    ]
   return [f"--config.qbq.seed_band={arm}"]
 
 
 def _train(workdir: str, arm: str, seed: int) -> list[dict]:
   steps = FLAGS.rounds * FLAGS.steps_per_round
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_qbq.py",
-         f"--workdir={workdir}", f"--config.seed={seed}", f"--config.rl.steps={steps}",
-         f"--config.qbq.rounds={FLAGS.rounds}",
-         f"--config.qbq.steps_per_round={FLAGS.steps_per_round}",
-         f"--config.eval.every={FLAGS.steps_per_round}", "--config.export_hf=False",
-         *_arm_flags(arm, os.path.dirname(workdir)), *FLAGS.extra]
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_qbq.py",
+    f"--workdir={workdir}",
+    f"--config.seed={seed}",
+    f"--config.rl.steps={steps}",
+    f"--config.qbq.rounds={FLAGS.rounds}",
+    f"--config.qbq.steps_per_round={FLAGS.steps_per_round}",
+    f"--config.eval.every={FLAGS.steps_per_round}",
+    "--config.export_hf=False",
+    *_arm_flags(arm, os.path.dirname(workdir)),
+    *FLAGS.extra,
+  ]
   subprocess.run(cmd, cwd=REPO, check=True)
   return read_rows(workdir)
 
@@ -75,14 +86,20 @@ def main(argv):
   rows = run_arms(root, seeds, ARMS, _train)
 
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(5.5, 3.6))
   for arm in ARMS:
     curves = [_curve(rows[arm][s]) for s in seeds]
     steps = [st for st, _ in curves[0]]
-    ax.plot(steps, [100 * sum(c[i][1] for c in curves) / len(seeds) for i in range(len(steps))],
-            marker="o", label=arm)
+    ax.plot(
+      steps,
+      [100 * sum(c[i][1] for c in curves) / len(seeds) for i in range(len(steps))],
+      marker="o",
+      label=arm,
+    )
   ax.set_xlabel("GRPO step (a marker per round)")
   ax.set_title("held-out pass@1 (%)")
   ax.grid(alpha=0.3)
@@ -93,22 +110,32 @@ def main(argv):
   final = {arm: {s: _curve(rows[arm][s])[-1][1] for s in seeds} for arm in ARMS}
   start = {s: _curve(rows[ARMS[0]][s])[0][1] for s in seeds}
   cell = lambda xs: "{:.1f}±{:.1f}".format(*(100 * x for x in mean_se(xs)))
-  lines = ["| arm | held-out pass@1 | selected per round | eligible (1..k-1) per round |",
-           "|---|---|---|---|", f"| SFT (step 0) | {cell(list(start.values()))} | | |"]
+  lines = [
+    "| arm | held-out pass@1 | selected per round | eligible (1..k-1) per round |",
+    "|---|---|---|---|",
+    f"| SFT (step 0) | {cell(list(start.values()))} | | |",
+  ]
   for arm in ARMS:
     per_round = [r for s in seeds for r in _rounds(os.path.join(root, f"seed{s}", arm))]
     sel = sum(r["selected"] for r in per_round) / max(len(per_round), 1)
     elig = sum(r["eligible"] for r in per_round) / max(len(per_round), 1)
-    lines.append(f"| {arm} | {cell(list(final[arm].values()))} | "
-                 f"{sel:.1f} | {elig:.1f} |" if per_round else
-                 f"| {arm} | {cell(list(final[arm].values()))} | (replay) | |")
+    lines.append(
+      f"| {arm} | {cell(list(final[arm].values()))} | {sel:.1f} | {elig:.1f} |"
+      if per_round
+      else f"| {arm} | {cell(list(final[arm].values()))} | (replay) | |"
+    )
   summary = {
-      "seeds": seeds, "rounds": FLAGS.rounds, "steps_per_round": FLAGS.steps_per_round,
-      "sft_pass@1": start, "final_pass@1": final,
-      "curves": {arm: {s: _curve(rows[arm][s]) for s in seeds} for arm in ARMS},
-      "minus_mostly_mean_se": {arm: mean_se([final[arm][s] - final["mostly"][s] for s in seeds])
-                               for arm in ARMS[1:]},
-      "table": "\n".join(lines)}
+    "seeds": seeds,
+    "rounds": FLAGS.rounds,
+    "steps_per_round": FLAGS.steps_per_round,
+    "sft_pass@1": start,
+    "final_pass@1": final,
+    "curves": {arm: {s: _curve(rows[arm][s]) for s in seeds} for arm in ARMS},
+    "minus_mostly_mean_se": {
+      arm: mean_se([final[arm][s] - final["mostly"][s] for s in seeds]) for arm in ARMS[1:]
+    },
+    "table": "\n".join(lines),
+  }
   with open(os.path.join(root, "study.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(summary["table"])

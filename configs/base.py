@@ -19,49 +19,52 @@ from rlvr.sampling.config import SamplerConfig
 from synthesis import composition, svs
 
 # The MATH-500 + AIME 2024 + AIME 2025 eval set, shipped in the repo (data/README.md).
-EVAL_SET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
-                        "math_aime_eval.jsonl")
+EVAL_SET = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "math_aime_eval.jsonl"
+)
 
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.workdir = "workdir/run"             # everything of the run goes here; rerun to resume
+  c.workdir = "workdir/run"  # everything of the run goes here; rerun to resume
   c.seed = 0
-  c.coordinator = ""                    # multi-host: "host:port" or "auto"; "" = one process
-  c.mesh = {"data": 1, "fsdp": -1, "tensor": 1}   # -1: all remaining devices
-  c.export_hf = True                    # write the final policy as an HF dir (workdir/policy)
-  c.reward_workers = 8                  # math-verify processes
+  c.coordinator = ""  # multi-host: "host:port" or "auto"; "" = one process
+  c.mesh = {"data": 1, "fsdp": -1, "tensor": 1}  # -1: all remaining devices
+  c.export_hf = True  # write the final policy as an HF dir (workdir/policy)
+  c.reward_workers = 8  # math-verify processes
 
-  c.model = settings.section(experiment.ModelSource)     # policy: HF dir, or a tiny random one
-  c.sampler = settings.section(SamplerConfig)            # in-process JAX or vLLM servers
-  c.data = settings.section(datasets.DataConfig)         # files or the procedural task
-  c.sft = settings.section(experiment.SFTConfig)         # the warm start (steps 0 = none);
-                                                         # sft.learner: SFT's own optimizer
+  c.model = settings.section(experiment.ModelSource)  # policy: HF dir, or a tiny random one
+  c.sampler = settings.section(SamplerConfig)  # in-process JAX or vLLM servers
+  c.data = settings.section(datasets.DataConfig)  # files or the procedural task
+  c.sft = settings.section(experiment.SFTConfig)  # the warm start (steps 0 = none);
+  # sft.learner: SFT's own optimizer
 
-  c.method = "rlvr"                     # "rlvr" (plain GRPO), "svs" (online synthesis),
-                                        # "composition" (depth curriculum), "qbq"
-                                        # (rounds of variants, SelectRL), or
-                                        # "package.module:factory" (rlvr/methods/__init__.py)
-  c.svs = settings.section(svs.SvSConfig)   # synthesis.svs.SvSConfig (docs/methods.md#svs)
-  c.composition = settings.section(     # synthesis.composition.CurriculumConfig: depth stages
-      composition.CurriculumConfig)
-  c.qbq = settings.section(qbq_method.QbQConfig)   # rounds, bands, teacher, SelectRL (QbQ)
+  c.method = "rlvr"  # "rlvr" (plain GRPO), "svs" (online synthesis),
+  # "composition" (depth curriculum), "qbq"
+  # (rounds of variants, SelectRL), or
+  # "package.module:factory" (rlvr/methods/__init__.py)
+  c.svs = settings.section(svs.SvSConfig)  # synthesis.svs.SvSConfig (docs/methods.md#svs)
+  c.composition = settings.section(  # synthesis.composition.CurriculumConfig: depth stages
+    composition.CurriculumConfig
+  )
+  c.qbq = settings.section(qbq_method.QbQConfig)  # rounds, bands, teacher, SelectRL (QbQ)
 
   c.rl = ml_collections.ConfigDict()
   c.rl.steps = 500
-  c.rl.loop = settings.section(loop.RLConfig)            # rollouts, dynamic sampling
+  c.rl.loop = settings.section(loop.RLConfig)  # rollouts, dynamic sampling
   c.rl.learner = settings.section(learner.LearnerConfig)  # optimizer and GRPO loss
 
-  c.reward = settings.section(RewardConfig)        # verifier: answer extraction and matching
-  c.shaping = settings.section(shaping.ShapingConfig)   # format bonus, DAPO overlong penalty
+  c.reward = settings.section(RewardConfig)  # verifier: answer extraction and matching
+  c.shaping = settings.section(shaping.ShapingConfig)  # format bonus, DAPO overlong penalty
 
-  c.eval = settings.section(experiment.EvalSection)      # before / after RL, every N steps
+  c.eval = settings.section(experiment.EvalSection)  # before / after RL, every N steps
   c.checkpoint = settings.section(experiment.CheckpointConfig)
   return c
 
 
-def paper(name: str, *, steps: int, method: str = "rlvr", integer_answers: bool = False,
-          fsdp: int = 4) -> ml_collections.ConfigDict:
+def paper(
+  name: str, *, steps: int, method: str = "rlvr", integer_answers: bool = False, fsdp: int = 4
+) -> ml_collections.ConfigDict:
   """A paper-scale run: SvS public GRPO settings, vLLM sampling, MATH/AIME evaluation.
 
   GRPO: lr 1e-6 constant, weight decay 0.01, 256 prompts x 8 responses per step,
@@ -80,18 +83,18 @@ def paper(name: str, *, steps: int, method: str = "rlvr", integer_answers: bool 
   c = get_config()
   c.workdir = f"runs/{name}"
   c.method = method
-  c.model.path = ""                     # required: HF dir of the base model
+  c.model.path = ""  # required: HF dir of the base model
   c.data.kind = "files"
-  c.data.train_path = ""                # required: verl parquet / jsonl / json
+  c.data.train_path = ""  # required: verl parquet / jsonl / json
   c.data.eval_paths = [EVAL_SET]
-  c.sampler.kind = "vllm"               # servers: launch/serve_vllm.py --device=gpu
+  c.sampler.kind = "vllm"  # servers: launch/serve_vllm.py --device=gpu
   c.mesh = {"data": 1, "fsdp": fsdp, "tensor": -1}
-  c.rl.steps = steps                    # MATH-12k runs: 300 steps; 32B on DAPO-17k: 600
+  c.rl.steps = steps  # MATH-12k runs: 300 steps; 32B on DAPO-17k: 600
   c.rl.loop.prompts_per_step = 256
   c.rl.loop.max_prompt_len = 4096
   c.rl.loop.max_response_len = 8192
-  c.rl.loop.ppo_mini_batch_size = 256   # groups per optimizer step (2,048 rows)
-  c.svs.refill_originals = False        # used only by method="svs"
+  c.rl.loop.ppo_mini_batch_size = 256  # groups per optimizer step (2,048 rows)
+  c.svs.refill_originals = False  # used only by method="svs"
   # One row of 12,288 tokens per device per micro-batch: what fits an 80 GB H100 at 32B
   # (bench/plan.py; the README's plan table). Rows are split over data x fsdp.
   c.rl.learner.micro_batch_rows = fsdp

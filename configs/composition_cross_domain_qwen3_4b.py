@@ -17,4 +17,5 @@ from configs import base, rlvr_math12k_qwen3_4b
 
 def get_config():
   return rlvr_math12k_qwen3_4b.composition_rl(
-      base.paper("composition_cross_domain_qwen3_4b", steps=300))
+    base.paper("composition_cross_domain_qwen3_4b", steps=300)
+  )

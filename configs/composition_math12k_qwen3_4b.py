@@ -27,7 +27,7 @@ def get_config():
   c = rlvr_math12k_qwen3_4b.composition_rl(base.paper("composition_math12k_qwen3_4b", steps=600))
   c.method = "composition"
   c.composition.depths = (1, 2, 3)
-  c.composition.max_steps = 200          # 600 steps in three stages at most
+  c.composition.max_steps = 200  # 600 steps in three stages at most
   c.composition.solve_all_threshold = 0.75
   c.composition.window = 20
   return c

@@ -36,21 +36,22 @@ AIME_2025 = os.path.join(os.path.dirname(base.EVAL_SET), "aime2025.jsonl")
 
 
 def get_config():
-  c = base.paper("qbq_aime_qwen25_math_7b", steps=20 * 150, method="qbq", integer_answers=True,
-                 fsdp=8)
+  c = base.paper(
+    "qbq_aime_qwen25_math_7b", steps=20 * 150, method="qbq", integer_answers=True, fsdp=8
+  )
   c.data.eval_paths = [AIME_2025]
   c.data.instruction = "Please reason step by step, and put your final answer within \\boxed{}."
   c.qbq.rounds = 20
   c.qbq.steps_per_round = 150
   c.qbq.integer_answers = True
-  c.qbq.teacher = ""                     # required: URL of the teacher's server
+  c.qbq.teacher = ""  # required: URL of the teacher's server
   c.qbq.teacher_model = "teacher"
   c.qbq.teacher_max_tokens = 8192
   c.rl.loop.prompts_per_step = 2
   c.rl.loop.group_size = 8
-  c.rl.loop.dynamic_sampling = False     # TRL's GRPO: every group enters the loss
-  c.rl.loop.ppo_mini_batch_size = 0      # one optimizer step per 2 problems
-  c.rl.loop.max_prompt_len = 1024        # 4,096 context = prompt + 3,072
+  c.rl.loop.dynamic_sampling = False  # TRL's GRPO: every group enters the loss
+  c.rl.loop.ppo_mini_batch_size = 0  # one optimizer step per 2 problems
+  c.rl.loop.max_prompt_len = 1024  # 4,096 context = prompt + 3,072
   c.rl.loop.max_response_len = 3072
   c.rl.learner.learning_rate = 3e-6
   c.rl.learner.weight_decay = 0.0
@@ -58,16 +59,16 @@ def get_config():
   c.rl.learner.grad_clip = 0.2
   c.rl.learner.eps_low = 0.2
   c.rl.learner.eps_high = 0.2
-  c.rl.learner.dual_clip = placeholder(float)   # None: no dual clip (TRL's GRPO)
+  c.rl.learner.dual_clip = placeholder(float)  # None: no dual clip (TRL's GRPO)
   c.rl.learner.aggregation = "seq-mean-token-mean"
   c.rl.learner.mask_truncated = True
   c.rl.learner.normalize_all = True
   c.shaping.format_bonus = 0.1
-  c.eval.every = 150                     # held-out pass@1 after every round
+  c.eval.every = 150  # held-out pass@1 after every round
   c.eval.sampling.n = 16
   c.eval.sampling.temperature = 0.7
   c.eval.sampling.top_p = 0.8
   c.eval.sampling.top_k = 0
   c.eval.sampling.max_tokens = 3072
-  c.checkpoint.every = 50                # divides the round: resumes at a round boundary
+  c.checkpoint.every = 50  # divides the round: resumes at a round boundary
   return c

@@ -17,12 +17,12 @@ def composition_rl(c):
   """Composition-RL's GRPO and evaluation settings on top of `base.paper`."""
   c.data.instruction = "Please reason step by step, and put your final answer within \\boxed{}."
   c.rl.loop.max_response_len = 16384
-  c.rl.loop.max_extra_rounds = 4         # dynamic sampling refills the batch (DAPO-style)
-  c.eval.sampling.n = 32                 # avg@32
+  c.rl.loop.max_extra_rounds = 4  # dynamic sampling refills the batch (DAPO-style)
+  c.eval.sampling.n = 32  # avg@32
   c.eval.sampling.temperature = 0.6
   c.eval.sampling.top_p = 0.95
   c.eval.sampling.top_k = 20
-  c.eval.sampling.max_tokens = 32768 - 4096   # paper: 32K output; our Qwen3 context is 32K
+  c.eval.sampling.max_tokens = 32768 - 4096  # paper: 32K output; our Qwen3 context is 32K
   return c
 
 

@@ -10,10 +10,10 @@ Qwen2.5-32B-Instruct on DAPO-17k (configs/svs_dapo17k_qwen25_32b.py), one settin
 from configs import svs_dapo17k_qwen25_32b, tiny
 
 ABLATIONS = {
-    "naive": {"naive_reward": True},
-    "asp": {"under_lo": 0.375, "under_hi": 0.75},
-    "eup": {"mode": "eup"},
-    "keep02": {"type2_keep_ratio": 0.2},
+  "naive": {"naive_reward": True},
+  "asp": {"under_lo": 0.375, "under_hi": 0.75},
+  "eup": {"mode": "eup"},
+  "keep02": {"type2_keep_ratio": 0.2},
 }
 
 
@@ -21,8 +21,9 @@ def get_config(name: str = "asp"):
   embedded = name.startswith("tiny_")
   key = name[5:] if embedded else name
   if key not in ABLATIONS:
-    raise ValueError(f"ablation: unknown {name!r}; expected one of {sorted(ABLATIONS)} "
-                     "(optionally prefixed tiny_)")
+    raise ValueError(
+      f"ablation: unknown {name!r}; expected one of {sorted(ABLATIONS)} (optionally prefixed tiny_)"
+    )
   c = tiny.get_config() if embedded else svs_dapo17k_qwen25_32b.get_config()
   c.svs.update(ABLATIONS[key])
   c.workdir = c.workdir + f"_{name}"

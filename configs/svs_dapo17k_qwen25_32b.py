@@ -11,6 +11,4 @@ from configs import base
 
 
 def get_config():
-  return base.paper("svs_dapo17k_qwen25_32b", steps=600, method="svs",
-                    integer_answers=True,
-                    fsdp=8)
+  return base.paper("svs_dapo17k_qwen25_32b", steps=600, method="svs", integer_answers=True, fsdp=8)

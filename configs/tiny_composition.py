@@ -18,9 +18,9 @@ def get_config():
   c.workdir = "workdir/tiny_composition"
   c.method = "composition"
   c.data.arithmetic.depths = (1, 2, 3)
-  c.data.arithmetic.n_sft = 300          # per depth
-  c.data.arithmetic.n_train = 2000       # per depth
-  c.data.arithmetic.n_heldout = 128      # per depth
+  c.data.arithmetic.n_sft = 300  # per depth
+  c.data.arithmetic.n_train = 2000  # per depth
+  c.data.arithmetic.n_heldout = 128  # per depth
   c.sft.steps = 800
   c.sft.learner.total_steps = 800
   c.composition.depths = (1, 2, 3)
@@ -28,7 +28,7 @@ def get_config():
   c.composition.solve_all_threshold = 0.6
   c.composition.window = 5
   c.rl.steps = 90
-  c.rl.loop.max_prompt_len = 64          # depth 3: 43 tokens of problem + the chat template
-  c.rl.loop.max_response_len = 96        # depth 3 worked solutions: up to 85 tokens
+  c.rl.loop.max_prompt_len = 64  # depth 3: 43 tokens of problem + the chat template
+  c.rl.loop.max_response_len = 96  # depth 3 worked solutions: up to 85 tokens
   c.eval.sampling.max_tokens = 96
   return c

@@ -27,8 +27,11 @@ from rlvr.sampling.http import API_KEY_ENV, short_error
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("source", None, "Problems with answers (parquet/jsonl/json).")
-flags.DEFINE_string("second_source", None, "Cross-domain: q_K (and the answer) from this set, "
-                    "q1..q_{K-1} from --source.")
+flags.DEFINE_string(
+  "second_source",
+  None,
+  "Cross-domain: q_K (and the answer) from this set, q1..q_{K-1} from --source.",
+)
 flags.DEFINE_string("out", None, "Output .jsonl of accepted compositions.")
 flags.DEFINE_integer("depth", 2, "K: problems per composition (>= 2).")
 flags.DEFINE_integer("n", 1000, "Compositions to attempt (the plan's size).")
@@ -42,8 +45,12 @@ flags.DEFINE_float("top_p", 0.7, "Assistant nucleus sampling (paper: 0.7).")
 flags.DEFINE_integer("max_tokens", 4096, "Assistant response length limit.")
 flags.DEFINE_integer("concurrency", 16, "Compositions (so requests) in flight at once.")
 flags.DEFINE_float("timeout_s", 600.0, "Per-request timeout in seconds.")
-flags.DEFINE_integer("retries", 3, "Retries of a request that failed (connection, timeout, "
-                     "HTTP 408/429/5xx, aborted), with capped exponential backoff.")
+flags.DEFINE_integer(
+  "retries",
+  3,
+  "Retries of a request that failed (connection, timeout, "
+  "HTTP 408/429/5xx, aborted), with capped exponential backoff.",
+)
 
 
 def _fail(message: str, code: int = 2):
@@ -66,13 +73,17 @@ def _check_flags() -> None:
     _fail(f"--out must be a .jsonl path, got {FLAGS.out!r}")
   if not FLAGS.url or not FLAGS.url.startswith(("http://", "https://")):
     _fail(f"--url must be an http(s) server address, got {FLAGS.url!r}")
-  checks = [("depth", FLAGS.depth >= 2, ">= 2"), ("n", FLAGS.n >= 1, ">= 1"),
-            ("pool_size", FLAGS.pool_size >= 1, ">= 1"),
-            ("concurrency", FLAGS.concurrency >= 1, ">= 1"),
-            ("timeout_s", FLAGS.timeout_s > 0, "> 0"), ("retries", FLAGS.retries >= 0, ">= 0"),
-            ("temperature", FLAGS.temperature >= 0, ">= 0"),
-            ("top_p", 0 < FLAGS.top_p <= 1, "in (0, 1]"),
-            ("max_tokens", FLAGS.max_tokens >= 1, ">= 1")]
+  checks = [
+    ("depth", FLAGS.depth >= 2, ">= 2"),
+    ("n", FLAGS.n >= 1, ">= 1"),
+    ("pool_size", FLAGS.pool_size >= 1, ">= 1"),
+    ("concurrency", FLAGS.concurrency >= 1, ">= 1"),
+    ("timeout_s", FLAGS.timeout_s > 0, "> 0"),
+    ("retries", FLAGS.retries >= 0, ">= 0"),
+    ("temperature", FLAGS.temperature >= 0, ">= 0"),
+    ("top_p", 0 < FLAGS.top_p <= 1, "in (0, 1]"),
+    ("max_tokens", FLAGS.max_tokens >= 1, ">= 1"),
+  ]
   for name, ok, want in checks:
     if not ok:
       _fail(f"--{name} must be {want}, got {FLAGS[name].value}")
@@ -83,32 +94,52 @@ def main(argv):
     _fail(f"unexpected arguments {argv[1:]}")
   _check_flags()
   from rlvr.data import DatasetError
+
   try:
     first, second = compose_run.load_sources(FLAGS.source, FLAGS.second_source)
   except (DatasetError, OSError, ValueError, ImportError) as e:
     _fail(f"cannot read the source: {short_error(e)}")
   try:
-    plan = compose_run.prepare(FLAGS.out, first, second, source=FLAGS.source,
-                               second_source=FLAGS.second_source, depth=FLAGS.depth,
-                               n=FLAGS.n, pool_size=FLAGS.pool_size, seed=FLAGS.seed)
+    plan = compose_run.prepare(
+      FLAGS.out,
+      first,
+      second,
+      source=FLAGS.source,
+      second_source=FLAGS.second_source,
+      depth=FLAGS.depth,
+      n=FLAGS.n,
+      pool_size=FLAGS.pool_size,
+      seed=FLAGS.seed,
+    )
   except ValueError as e:
     _fail(short_error(e))
-  assistant = Assistant(FLAGS.url, FLAGS.model, api_key=FLAGS.api_key,
-                        temperature=FLAGS.temperature, top_p=FLAGS.top_p,
-                        max_tokens=FLAGS.max_tokens, timeout_s=FLAGS.timeout_s,
-                        retries=FLAGS.retries, concurrency=FLAGS.concurrency)
-  report, error = compose_run.run_and_report(plan, FLAGS.out, assistant, FLAGS.concurrency,
-                                             FLAGS.depth)
+  assistant = Assistant(
+    FLAGS.url,
+    FLAGS.model,
+    api_key=FLAGS.api_key,
+    temperature=FLAGS.temperature,
+    top_p=FLAGS.top_p,
+    max_tokens=FLAGS.max_tokens,
+    timeout_s=FLAGS.timeout_s,
+    retries=FLAGS.retries,
+    concurrency=FLAGS.concurrency,
+  )
+  report, error = compose_run.run_and_report(
+    plan, FLAGS.out, assistant, FLAGS.concurrency, FLAGS.depth
+  )
   out = FLAGS.out
   print(compose_run.format_report(report))
-  print(f"accepted: {out}\nrejected: {compose_run.rejected_path(out)}\n"
-        f"report: {out}.report.json\nplan: {out}.plan.json")
+  print(
+    f"accepted: {out}\nrejected: {compose_run.rejected_path(out)}\n"
+    f"report: {out}.report.json\nplan: {out}.plan.json"
+  )
   if error:
     sys.stdout.flush()
-    sys.stderr.write(f"launch.compose: {error}; finished rows are saved, rerun the same "
-                     "command to continue\n")
+    sys.stderr.write(
+      f"launch.compose: {error}; finished rows are saved, rerun the same command to continue\n"
+    )
     sys.stderr.flush()
-    os._exit(1)   # threads may still wait on a hung server: do not join them
+    os._exit(1)  # threads may still wait on a hung server: do not join them
 
 
 if __name__ == "__main__":

@@ -14,27 +14,33 @@ import dataclasses
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("run", None, "A finished run's work dir: its policy (RUN/policy) on the "
-                    "run's own eval sets, instruction and eval settings (RUN/config.json); "
-                    "flags given explicitly override them.")
+flags.DEFINE_string(
+  "run",
+  None,
+  "A finished run's work dir: its policy (RUN/policy) on the "
+  "run's own eval sets, instruction and eval settings (RUN/config.json); "
+  "flags given explicitly override them.",
+)
 flags.DEFINE_string("model", None, "HF model directory (default with --run: RUN/policy).")
-flags.DEFINE_list("data", [], "Eval sets (parquet/jsonl/json); 'arithmetic' = the procedural "
-                  "held-out split.")
+flags.DEFINE_list(
+  "data", [], "Eval sets (parquet/jsonl/json); 'arithmetic' = the procedural held-out split."
+)
 flags.DEFINE_string("workdir", "workdir/eval", "Output directory.")
-_EVAL_HELP = {   # the sampling flags: one per rlvr.evaluation.EvalConfig field, its default
-    "n": "Samples per problem (pass@k for k = 1, 2, 4, ... <= n).",
-    "seeds": "Sampling seeds; the report gives mean and std over them.",
-    "temperature": "Sampling temperature.",
-    "top_p": "Nucleus sampling.",
-    "top_k": "Top-k sampling (0 = off).",
-    "repetition_penalty": "vLLM / HF repetition penalty (1 = off).",
-    "max_tokens": "Response length limit.",
-    "batch_prompts": "Prompts per generate call.",
+_EVAL_HELP = {  # the sampling flags: one per rlvr.evaluation.EvalConfig field, its default
+  "n": "Samples per problem (pass@k for k = 1, 2, 4, ... <= n).",
+  "seeds": "Sampling seeds; the report gives mean and std over them.",
+  "temperature": "Sampling temperature.",
+  "top_p": "Nucleus sampling.",
+  "top_k": "Top-k sampling (0 = off).",
+  "repetition_penalty": "vLLM / HF repetition penalty (1 = off).",
+  "max_tokens": "Response length limit.",
+  "batch_prompts": "Prompts per generate call.",
 }
 
 
 def _define_eval_flags() -> None:
   from rlvr.evaluation import EvalConfig
+
   for f in dataclasses.fields(EvalConfig):
     define = {int: flags.DEFINE_integer, float: flags.DEFINE_float}.get(type(f.default))
     if isinstance(f.default, tuple):
@@ -45,15 +51,28 @@ def _define_eval_flags() -> None:
 
 _define_eval_flags()
 flags.DEFINE_integer("limit", 0, "Use the first N problems of each set (0 = all).")
-flags.DEFINE_string("instruction", None, "Appended to each problem (default: the run's, else "
-                    "rlvr.data.DEFAULT_INSTRUCTION).")
+flags.DEFINE_string(
+  "instruction",
+  None,
+  "Appended to each problem (default: the run's, else rlvr.data.DEFAULT_INSTRUCTION).",
+)
 flags.DEFINE_bool("integer_answers", False, "AIME-style integer answer matching.")
-flags.DEFINE_list("vllm_urls", [], "Sample from these vLLM servers instead of in-process; "
-                  "they must already serve the model evaluated (nothing is pushed to them).")
-flags.DEFINE_string("vllm_model", "policy", "The model name the vLLM servers serve (default "
-                    "with --run: the run's sampler.model).")
-flags.DEFINE_bool("samples", True, "Also write every response, its reward and correctness to "
-                  "WORKDIR/samples_<set>.jsonl.")
+flags.DEFINE_list(
+  "vllm_urls",
+  [],
+  "Sample from these vLLM servers instead of in-process; "
+  "they must already serve the model evaluated (nothing is pushed to them).",
+)
+flags.DEFINE_string(
+  "vllm_model",
+  "policy",
+  "The model name the vLLM servers serve (default with --run: the run's sampler.model).",
+)
+flags.DEFINE_bool(
+  "samples",
+  True,
+  "Also write every response, its reward and correctness to WORKDIR/samples_<set>.jsonl.",
+)
 flags.DEFINE_integer("reward_workers", 2, "math-verify processes.")
 
 
@@ -74,43 +93,54 @@ def main(argv):
   if FLAGS.run:
     run_cfg = _run_settings(FLAGS.run)
     from rlvr import datasets
+
     evals = datasets.prepare(run_cfg.data, run_cfg.seed).evals
-    sets = {name: exs[:FLAGS.limit or None] for name, exs in evals.items()}
+    sets = {name: exs[: FLAGS.limit or None] for name, exs in evals.items()}
   model_dir = FLAGS.model or (os.path.join(FLAGS.run, "policy") if FLAGS.run else None)
   if not model_dir:
     raise app.UsageError("give --model=HF_DIR or --run=WORKDIR")
   from rlvr.model import hub
+
   try:
     model_dir = hub.resolve(model_dir, "--model")
   except FileNotFoundError as e:
     raise app.UsageError(str(e)) from None
-  pick = lambda name, run_value: (FLAGS[name].value if FLAGS[name].present or run_cfg is None
-                                  else run_value)
+  pick = lambda name, run_value: (
+    FLAGS[name].value if FLAGS[name].present or run_cfg is None else run_value
+  )
   cfg, params = model.load_hf(model_dir)
   tok = AutoTokenizer.from_pretrained(model_dir)
   if FLAGS.vllm_urls:
     from rlvr.sampling.vllm_sampler import VLLMSampler
+
     # With --run, the run's client settings: model name, key, timeout and retries.
     client = dict(run_cfg.sampler) if run_cfg else {}
     sampler = VLLMSampler(
-        FLAGS.vllm_urls, model_config=cfg, eos_token_id=tok.eos_token_id,
-        model_name=pick("vllm_model", client.get("model", FLAGS.vllm_model)),
-        api_key=client.get("api_key") or None,   # default: $VLLM_API_KEY
-        **{k: client[k] for k in ("request_timeout_s", "retries", "backoff_s") if k in client})
+      FLAGS.vllm_urls,
+      model_config=cfg,
+      eos_token_id=tok.eos_token_id,
+      model_name=pick("vllm_model", client.get("model", FLAGS.vllm_model)),
+      api_key=client.get("api_key") or None,  # default: $VLLM_API_KEY
+      **{k: client[k] for k in ("request_timeout_s", "retries", "backoff_s") if k in client},
+    )
   else:
     sampler = JaxSampler(cfg, params, tok)
   for path in FLAGS.data:
     if path == "arithmetic":
       from rlvr.tasks import arithmetic
+
       _, heldout = arithmetic.make_splits(0, FLAGS.limit or 256, 1, 0)
       sets["arithmetic-heldout"] = arithmetic.to_examples(heldout)
     else:
       exs = list(data_lib.read_dataset(path))
-      sets[os.path.splitext(os.path.basename(path))[0]] = exs[:FLAGS.limit or None]
+      sets[os.path.splitext(os.path.basename(path))[0]] = exs[: FLAGS.limit or None]
   run_eval = run_cfg.eval.sampling if run_cfg else {}
-  ecfg = evaluation.EvalConfig(**{   # each field: its flag if given, else the run's, else default
+  ecfg = evaluation.EvalConfig(
+    **{  # each field: its flag if given, else the run's, else default
       f.name: pick(f.name, run_eval.get(f.name, FLAGS[f.name].value))
-      for f in dataclasses.fields(evaluation.EvalConfig)})
+      for f in dataclasses.fields(evaluation.EvalConfig)
+    }
+  )
   ecfg = dataclasses.replace(ecfg, seeds=tuple(int(s) for s in ecfg.seeds))
   instruction = pick("instruction", run_cfg.data.instruction if run_cfg else None)
   if instruction is None:
@@ -119,20 +149,33 @@ def main(argv):
   rcfg = RewardConfig(extraction=extraction, integer_answers=FLAGS.integer_answers)
   workdir = pick("workdir", os.path.join(FLAGS.run or "", "eval_again"))
   results = {}
-  with (oom.reported("launch.evaluate", "evaluation", "lower --batch_prompts, --max_tokens or --n"),
-        RewardPool(workers=FLAGS.reward_workers, timeout_s=rcfg.timeout_s) as pool):
+  with (
+    oom.reported("launch.evaluate", "evaluation", "lower --batch_prompts, --max_tokens or --n"),
+    RewardPool(workers=FLAGS.reward_workers, timeout_s=rcfg.timeout_s) as pool,
+  ):
     score = evaluation.score_fn(pool, rcfg)
     for name, exs in sets.items():
-      prompts = [Prompt(tuple(data_lib.format_prompt(tok, e.problem, instruction)),
-                        e.answer, e.problem, name) for e in exs]
+      prompts = [
+        Prompt(
+          tuple(data_lib.format_prompt(tok, e.problem, instruction)), e.answer, e.problem, name
+        )
+        for e in exs
+      ]
       samples = os.path.join(workdir, f"samples_{name}.jsonl") if FLAGS.samples else None
-      results[name] = evaluation.evaluate_set(sampler, prompts, score, ecfg, progress=True,
-                                              context=cfg.max_position_embeddings,
-                                              samples_path=samples)
+      results[name] = evaluation.evaluate_set(
+        sampler,
+        prompts,
+        score,
+        ecfg,
+        progress=True,
+        context=cfg.max_position_embeddings,
+        samples_path=samples,
+      )
   report = evaluation.write_report(results, workdir, f"eval {model_dir}")
   print(open(report["markdown"]).read())
-  written = "eval.md, eval.csv, eval.json, pass_at_k.png" + (", samples_*.jsonl" if FLAGS.samples
-                                                             else "")
+  written = "eval.md, eval.csv, eval.json, pass_at_k.png" + (
+    ", samples_*.jsonl" if FLAGS.samples else ""
+  )
   print(f"launch.evaluate: wrote {written} to {os.path.abspath(workdir)}", flush=True)
 
 
@@ -142,6 +185,7 @@ def _run_settings(workdir: str):
   import os
 
   import ml_collections
+
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise app.UsageError(f"--run: {path} not found; is {workdir} the work dir of a run?")

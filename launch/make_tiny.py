@@ -1,6 +1,6 @@
 r"""Writes a random tiny decoder + locally trained tokenizer in HF format.
 
-  python -m launch.make_tiny --out=/tmp/tiny --family=qwen3 --num_layers=4
+python -m launch.make_tiny --out=/tmp/tiny --family=qwen3 --num_layers=4
 """
 
 import os
@@ -24,14 +24,25 @@ flags.DEFINE_bool("tie_word_embeddings", True, "Share input embedding and LM hea
 def main(argv):
   del argv
   from rlvr import model
+
   path = model.make_tiny(
-      FLAGS.out, seed=FLAGS.seed, tokenizer_vocab=FLAGS.tokenizer_vocab, family=FLAGS.family,
-      hidden_size=FLAGS.hidden_size, num_layers=FLAGS.num_layers, num_heads=FLAGS.num_heads,
-      num_kv_heads=FLAGS.num_kv_heads, head_dim=FLAGS.head_dim,
-      intermediate_size=FLAGS.intermediate_size, tie_word_embeddings=FLAGS.tie_word_embeddings)
+    FLAGS.out,
+    seed=FLAGS.seed,
+    tokenizer_vocab=FLAGS.tokenizer_vocab,
+    family=FLAGS.family,
+    hidden_size=FLAGS.hidden_size,
+    num_layers=FLAGS.num_layers,
+    num_heads=FLAGS.num_heads,
+    num_kv_heads=FLAGS.num_kv_heads,
+    head_dim=FLAGS.head_dim,
+    intermediate_size=FLAGS.intermediate_size,
+    tie_word_embeddings=FLAGS.tie_word_embeddings,
+  )
   cfg = model.ModelConfig.from_hf(path)
-  print(f"wrote {cfg.family} model with {model.count_params(cfg):,} parameters to "
-        f"{os.path.abspath(path)}")
+  print(
+    f"wrote {cfg.family} model with {model.count_params(cfg):,} parameters to "
+    f"{os.path.abspath(path)}"
+  )
 
 
 if __name__ == "__main__":

@@ -21,13 +21,15 @@ from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("run", None, "Work dir of a finished (or running) QbQ run.", required=True)
-flags.DEFINE_string("model", "", "HF dir whose hidden states embed the problems "
-                    "(default: <run>/policy).")
+flags.DEFINE_string(
+  "model", "", "HF dir whose hidden states embed the problems (default: <run>/policy)."
+)
 flags.DEFINE_float("q", 1.0, "Vendi order (1: the paper's; inf: 1 / largest eigenvalue).")
 
 
 def _problems(path: str, accepted_only: bool) -> list[str]:
   from rlvr import fileio
+
   rows = fileio.read_jsonl(path)
   return [r["problem"] for r in rows if not accepted_only or r.get("reason") == "accepted"]
 
@@ -48,13 +50,16 @@ def main(argv):
   from rlvr import model as model_lib
   from rlvr.model.embed import embedder
   from synthesis import diversity
+
   cfg, params = model_lib.load_hf(model_dir)
   embed = embedder(params, cfg, AutoTokenizer.from_pretrained(model_dir))
   out = []
   for d in rounds:
     row = {"round": int(d.rsplit("_", 1)[1])}
-    for name, file, accepted in (("variants", "variants.jsonl", True),
-                                 ("selection", "selection.jsonl", False)):
+    for name, file, accepted in (
+      ("variants", "variants.jsonl", True),
+      ("selection", "selection.jsonl", False),
+    ):
       path = os.path.join(d, file)
       texts = _problems(path, accepted) if os.path.exists(path) else []
       row[f"{name}_n"] = len(texts)
@@ -70,11 +75,16 @@ def main(argv):
     json.dump({"model": model_dir, "q": FLAGS.q, "rounds": out}, f, indent=2)
 
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(5.5, 3.4))
-  for key, label in (("variants_vendi", "variants (model)"), ("selection_vendi", "selection (model)"),
-                     ("variants_vendi_trigrams", "variants (trigrams)")):
+  for key, label in (
+    ("variants_vendi", "variants (model)"),
+    ("selection_vendi", "selection (model)"),
+    ("variants_vendi_trigrams", "variants (trigrams)"),
+  ):
     pts = [(r["round"], r[key]) for r in out if r.get(key) is not None]
     if pts:
       ax.plot(*zip(*pts), marker="o", label=label)

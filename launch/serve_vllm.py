@@ -21,11 +21,18 @@ flags.DEFINE_integer("port", 8000, "Port (0 = any free port).")
 flags.DEFINE_string("served_model_name", "policy", "Model name clients send.")
 flags.DEFINE_enum("device", "cpu", ["cpu", "gpu"], "vLLM build / platform.")
 flags.DEFINE_string("dtype", "float32", "Weights/activations dtype on the server.")
-flags.DEFINE_integer("max_model_len", 4096, "Longest prompt + completion (when not given: "
-                     "4096, or the model's max_position_embeddings if smaller).")
-flags.DEFINE_integer("max_num_batched_tokens", 16384,
-                     "Token budget per engine step; must cover a batch's prompts (CPU crash "
-                     "on seeded chunked prefill otherwise).")
+flags.DEFINE_integer(
+  "max_model_len",
+  4096,
+  "Longest prompt + completion (when not given: "
+  "4096, or the model's max_position_embeddings if smaller).",
+)
+flags.DEFINE_integer(
+  "max_num_batched_tokens",
+  16384,
+  "Token budget per engine step; must cover a batch's prompts (CPU crash "
+  "on seeded chunked prefill otherwise).",
+)
 flags.DEFINE_integer("kv_cache_gb", 1, "CPU KV cache size (GiB).")
 flags.DEFINE_float("gpu_memory_utilization", 0.5, "GPU memory fraction for vLLM.")
 flags.DEFINE_string("api_key", None, "Require this bearer token.")
@@ -48,23 +55,34 @@ def max_model_len(model_dir: str) -> int:
 def main(argv):
   del argv
   from rlvr.sampling.vllm_server import ServerOptions, start_server
+
   options = ServerOptions(
-      host=FLAGS.host, port=FLAGS.port or None, served_model_name=FLAGS.served_model_name,
-      dtype=FLAGS.dtype, max_model_len=max_model_len(FLAGS.model),
-      max_num_batched_tokens=FLAGS.max_num_batched_tokens, device=FLAGS.device,
-      kv_cache_gb=FLAGS.kv_cache_gb, gpu_memory_utilization=FLAGS.gpu_memory_utilization,
-      api_key=FLAGS.api_key)
+    host=FLAGS.host,
+    port=FLAGS.port or None,
+    served_model_name=FLAGS.served_model_name,
+    dtype=FLAGS.dtype,
+    max_model_len=max_model_len(FLAGS.model),
+    max_num_batched_tokens=FLAGS.max_num_batched_tokens,
+    device=FLAGS.device,
+    kv_cache_gb=FLAGS.kv_cache_gb,
+    gpu_memory_utilization=FLAGS.gpu_memory_utilization,
+    api_key=FLAGS.api_key,
+  )
   server = start_server(FLAGS.model, options, python=FLAGS.python)
   stop = threading.Event()
-  for sig in (signal.SIGINT, signal.SIGTERM):   # before the line a supervisor may wait for
+  for sig in (signal.SIGINT, signal.SIGTERM):  # before the line a supervisor may wait for
     signal.signal(sig, lambda *_: stop.set())
-  print(f"vLLM serving {FLAGS.model} at {server.url} (model name {options.served_model_name!r}, "
-        f"max_model_len {options.max_model_len}, up in {server.startup_s:.0f}s, "
-        f"log {server.log_path})", flush=True)
+  print(
+    f"vLLM serving {FLAGS.model} at {server.url} (model name {options.served_model_name!r}, "
+    f"max_model_len {options.max_model_len}, up in {server.startup_s:.0f}s, "
+    f"log {server.log_path})",
+    flush=True,
+  )
   while not stop.wait(1.0):
     if not server.alive():
-      raise SystemExit(f"vLLM server exited (code {server.process.returncode}); log:\n"
-                       f"{server.log_tail()}")
+      raise SystemExit(
+        f"vLLM server exited (code {server.process.returncode}); log:\n{server.log_tail()}"
+      )
   server.stop()
   print("vLLM server stopped", flush=True)
 

@@ -24,8 +24,11 @@ flags.DEFINE_string("completion_field", "completion", "Completion column.")
 flags.DEFINE_string("instruction", "", "Appended to each prompt.")
 flags.DEFINE_integer("steps", 500, "Optimizer steps (unless --epochs).")
 flags.DEFINE_float("epochs", 0.0, "Passes over the pairs instead of --steps (QbQ's M0: 3).")
-flags.DEFINE_float("warmup_ratio", -1.0, "Warmup as a fraction of the steps (QbQ's M0: 0.03); "
-                   "default min(50, steps / 10).")
+flags.DEFINE_float(
+  "warmup_ratio",
+  -1.0,
+  "Warmup as a fraction of the steps (QbQ's M0: 0.03); default min(50, steps / 10).",
+)
 flags.DEFINE_integer("batch_size", 32, "Pairs per step.")
 flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate (warmup + cosine).")
 flags.DEFINE_string("mesh", "fsdp=-1", "Mesh axes, e.g. data=2,fsdp=4.")
@@ -41,37 +44,57 @@ def main(argv):
   from rlvr import learner, sharding
   from rlvr.lora import LoraConfig
   from rlvr.sft import train_sft
+
   if FLAGS.data == "arithmetic":
     from rlvr.tasks import arithmetic
+
     train, _ = arithmetic.make_splits(1000, 0, 1, FLAGS.seed)
     pairs = [(p.problem, p.solution) for p in train]
   else:
     from rlvr.data import read_dataset
-    ds = read_dataset(FLAGS.data, problem_field=FLAGS.problem_field,
-                      answer_field=FLAGS.completion_field)
+
+    ds = read_dataset(
+      FLAGS.data, problem_field=FLAGS.problem_field, answer_field=FLAGS.completion_field
+    )
     pairs = [(e.problem, e.answer) for e in ds]
   steps = FLAGS.steps
   if FLAGS.epochs > 0:
     steps = max(1, math.ceil(FLAGS.epochs * len(pairs) / FLAGS.batch_size))
-  warmup = (min(50, steps // 10) if FLAGS.warmup_ratio < 0
-            else math.ceil(FLAGS.warmup_ratio * steps))
+  warmup = min(50, steps // 10) if FLAGS.warmup_ratio < 0 else math.ceil(FLAGS.warmup_ratio * steps)
   mesh = sharding.make_mesh({k: int(v) for k, v in (p.split("=") for p in FLAGS.mesh.split(","))})
-  lc = learner.LearnerConfig(learning_rate=FLAGS.learning_rate, lr_schedule="cosine",
-                             warmup_steps=warmup, total_steps=steps,
-                             weight_decay=0.0, dual_clip=None,
-                             lora=LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, FLAGS.lora_dropout))
+  lc = learner.LearnerConfig(
+    learning_rate=FLAGS.learning_rate,
+    lr_schedule="cosine",
+    warmup_steps=warmup,
+    total_steps=steps,
+    weight_decay=0.0,
+    dual_clip=None,
+    lora=LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, FLAGS.lora_dropout),
+  )
   from rlvr.model import hub
+
   try:
     model_dir = hub.resolve(FLAGS.model, "--model")
   except FileNotFoundError as e:
     raise app.UsageError(str(e)) from None
   from rlvr import oom
+
   with oom.reported("launch.sft", "SFT", "lower --batch_size, or use more devices (--mesh)"):
-    out = train_sft(model_dir, pairs, FLAGS.workdir, learner_cfg=lc, mesh=mesh,
-                    instruction=FLAGS.instruction, steps=steps, batch_size=FLAGS.batch_size,
-                    seed=FLAGS.seed)
-  print(f"SFT model written to {out} (metrics.jsonl and checkpoints in "
-        f"{os.path.abspath(FLAGS.workdir)})")
+    out = train_sft(
+      model_dir,
+      pairs,
+      FLAGS.workdir,
+      learner_cfg=lc,
+      mesh=mesh,
+      instruction=FLAGS.instruction,
+      steps=steps,
+      batch_size=FLAGS.batch_size,
+      seed=FLAGS.seed,
+    )
+  print(
+    f"SFT model written to {out} (metrics.jsonl and checkpoints in "
+    f"{os.path.abspath(FLAGS.workdir)})"
+  )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class _ListParser(flags.ArgumentParser):
     text = argument.strip()
     if text.startswith(("[", "(")):
       import ast
+
       return list(ast.literal_eval(text))
     return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -38,12 +39,15 @@ class _ListParser(flags.ArgumentParser):
 config_flags.register_flag_parser_for_type(list, _ListParser())
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config.",
-                                lock_config=True)
+config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Work dir (default: the config's workdir).")
 flags.DEFINE_bool("print_config", False, "Print the resolved config and exit.")
-flags.DEFINE_bool("verbose", False, "On an error that stops the run, print the whole traceback "
-                  "(default: one line naming what to set).")
+flags.DEFINE_bool(
+  "verbose",
+  False,
+  "On an error that stops the run, print the whole traceback "
+  "(default: one line naming what to set).",
+)
 
 # What a run raises for bad settings or data (messages name the field, file or row):
 # one line on stderr, exit 1. Anything else is a bug and keeps its traceback.
@@ -54,11 +58,11 @@ def parse_flags(argv):
   """absl parsing, with a bad flag or config key reported in one line (exit 2)."""
   try:
     rest = FLAGS(argv)
-    FLAGS.config.to_dict()   # config files load lazily: fail here, not inside the run
+    FLAGS.config.to_dict()  # config files load lazily: fail here, not inside the run
     return rest
-  except Exception as e:   # noqa: BLE001 - flags / config_flags raise many kinds
+  except Exception as e:  # noqa: BLE001 - flags / config_flags raise many kinds
     text = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split()).strip("'\" ")
-    if isinstance(e, AttributeError):   # ml_collections: a config key that does not exist
+    if isinstance(e, AttributeError):  # ml_collections: a config key that does not exist
       text = f"unknown config field {text}"
     sys.stderr.write(f"launch.train: {text}\n")
     sys.exit(2)
@@ -67,9 +71,13 @@ def parse_flags(argv):
 def _plan_command() -> str:
   """bench/plan.py on this run's config: the RL update's memory, from the compiler."""
   import jax
+
   path = config_flags.get_config_filename(FLAGS["config"])
-  more = " (with the same --config.* flags)" if any(
-      a.startswith("--config.") for a in sys.argv[1:]) else ""
+  more = (
+    " (with the same --config.* flags)"
+    if any(a.startswith("--config.") for a in sys.argv[1:])
+    else ""
+  )
   return f"python bench/plan.py --config={path} --devices={jax.device_count()}{more}"
 
 
@@ -87,12 +95,14 @@ def main(argv):
   from rlvr.sampling.assistant import AssistantError
   from rlvr.sampling.vllm_sampler import SamplerError
   from rlvr.sampling.vllm_server import ServerStartError
+
   # Outside the SFT / RL loops (which stop after a whole step and save, `rlvr.interrupt`),
   # SIGTERM interrupts like Ctrl-C: set-up or an evaluation in progress is abandoned
   # (nothing half-written: results and checkpoints are written whole) and reported below.
   def _interrupt(signum, frame):
     del frame
     raise KeyboardInterrupt(signum)
+
   signal.signal(signal.SIGTERM, _interrupt)
   try:
     summary = runner.run(cfg)
@@ -100,29 +110,32 @@ def main(argv):
     if FLAGS.verbose:
       raise
     signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
-    sys.stderr.write(f"\nstopped by {signal.Signals(signum).name} outside a training step; the "
-                     f"finished phases are kept under {cfg.workdir}; rerun the same command "
-                     "to resume\n")
+    sys.stderr.write(
+      f"\nstopped by {signal.Signals(signum).name} outside a training step; the "
+      f"finished phases are kept under {cfg.workdir}; rerun the same command "
+      "to resume\n"
+    )
     sys.exit(128 + signum)
-  except (*USER_ERRORS, loop.NoSignalError, AssistantError, SamplerError,
-          ServerStartError) as e:
+  except (*USER_ERRORS, loop.NoSignalError, AssistantError, SamplerError, ServerStartError) as e:
     if FLAGS.verbose:
       raise
     text = " ".join(str(e).split())
     sys.stderr.write(f"launch.train: {text} (--verbose for the traceback)\n")
     sys.exit(1)
-  except Exception as e:   # noqa: BLE001 - out of memory is reported in one line, the rest raised
+  except Exception as e:  # noqa: BLE001 - out of memory is reported in one line, the rest raised
     if FLAGS.verbose or not oom.is_oom(e):
       raise
     line = oom.describe(e, plan=_plan_command())
     sys.stderr.write(f"launch.train: {line} (--verbose for the traceback)\n")
     sys.exit(1)
   print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=2))
-  for k, v in summary.items():   # per-step lists on one line each
+  for k, v in summary.items():  # per-step lists on one line each
     if isinstance(v, list):
       print(f"{k}: {json.dumps(v)}")
-  print(f"summary: {os.path.abspath(cfg.workdir)}/summary.json (plots: training.png, "
-        "pass_at_k.png and the method's own .png beside it)")
+  print(
+    f"summary: {os.path.abspath(cfg.workdir)}/summary.json (plots: training.png, "
+    "pass_at_k.png and the method's own .png beside it)"
+  )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ from rlvr.model.config import ModelConfig
 def manager(directory: str, keep: int = 3) -> ocp.CheckpointManager:
   """CheckpointManager keeping the last `keep` steps under `directory`."""
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options,
-                               item_names=("state", "meta"))
+  return ocp.CheckpointManager(
+    os.path.abspath(directory), options=options, item_names=("state", "meta")
+  )
 
 
 def versions() -> dict[str, str]:
@@ -31,24 +32,37 @@ def versions() -> dict[str, str]:
   import optax
 
   import rlvr
-  return {"rlvr": rlvr.__version__, "jax": jax.__version__, "flax": flax.__version__,
-          "optax": optax.__version__, "orbax": ocp.__version__ if hasattr(ocp, "__version__") else "",
-          "python": platform.python_version()}
+
+  return {
+    "rlvr": rlvr.__version__,
+    "jax": jax.__version__,
+    "flax": flax.__version__,
+    "optax": optax.__version__,
+    "orbax": ocp.__version__ if hasattr(ocp, "__version__") else "",
+    "python": platform.python_version(),
+  }
 
 
-def save(mngr: ocp.CheckpointManager, state: learner.TrainState,
-         metadata: dict[str, Any] | None = None, *, wait: bool = True) -> int:
+def save(
+  mngr: ocp.CheckpointManager,
+  state: learner.TrainState,
+  metadata: dict[str, Any] | None = None,
+  *,
+  wait: bool = True,
+) -> int:
   """Saves `state` with metadata (data position, config, ...) + versions.
 
   The checkpoint's step is metadata["step"] when given: the RL loop's position,
   which differs from the optimizer's update count (`state.step`) once a step makes
   several optimizer steps (mini-batches) or none (an empty buffer). Else state.step.
   """
-  step = int(metadata["step"]) if metadata and "step" in metadata else int(
-      jax.device_get(state.step))
+  step = (
+    int(metadata["step"]) if metadata and "step" in metadata else int(jax.device_get(state.step))
+  )
   meta = dict(metadata or {}, step=step, versions=versions())
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                          meta=ocp.args.JsonSave(meta)))
+  mngr.save(
+    step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+  )
   if wait:
     mngr.wait_until_finished()
   return step
@@ -56,11 +70,15 @@ def save(mngr: ocp.CheckpointManager, state: learner.TrainState,
 
 def abstract_state(model_cfg: ModelConfig, cfg: learner.LearnerConfig, mesh, rules=None):
   """TrainState of ShapeDtypeStructs carrying the shardings of `mesh`."""
-  shapes = jax.eval_shape(functools.partial(learner.new_state, cfg=cfg),
-                          decoder.param_shapes(model_cfg), jax.random.PRNGKey(0))
+  shapes = jax.eval_shape(
+    functools.partial(learner.new_state, cfg=cfg),
+    decoder.param_shapes(model_cfg),
+    jax.random.PRNGKey(0),
+  )
   shardings = learner.state_shardings(model_cfg, cfg, mesh, rules)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      shapes, shardings)
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+  )
 
 
 def restore(mngr: ocp.CheckpointManager, target, step: int | None = None):
@@ -68,13 +86,23 @@ def restore(mngr: ocp.CheckpointManager, target, step: int | None = None):
   step = mngr.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint under {mngr.directory}")
-  out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                   meta=ocp.args.JsonRestore()))
+  out = mngr.restore(
+    step,
+    args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()),
+  )
   return out.state, out.meta
 
 
-def restore_or_init(directory: str, model_cfg: ModelConfig, cfg: learner.LearnerConfig, mesh,
-                    load_params: Callable[[], Any], *, seed: int = 0, keep: int = 3):
+def restore_or_init(
+  directory: str,
+  model_cfg: ModelConfig,
+  cfg: learner.LearnerConfig,
+  mesh,
+  load_params: Callable[[], Any],
+  *,
+  seed: int = 0,
+  keep: int = 3,
+):
   """The learner set-up SFT and RL share: (manager, state, metadata or None).
 
   Restores the latest checkpoint under `directory` onto `mesh` when there is
@@ -89,8 +117,14 @@ def restore_or_init(directory: str, model_cfg: ModelConfig, cfg: learner.Learner
   return mngr, state, None
 
 
-def export_hf(path: str, model_cfg: ModelConfig, state: learner.TrainState, tokenizer=None,
-              dtype=None, cfg: learner.LearnerConfig | None = None) -> str:
+def export_hf(
+  path: str,
+  model_cfg: ModelConfig,
+  state: learner.TrainState,
+  tokenizer=None,
+  dtype=None,
+  cfg: learner.LearnerConfig | None = None,
+) -> str:
   """Writes the policy (master params, optionally cast) as an HF directory.
 
   A LoRA state is written merged, which needs its learner config (`cfg`)."""

@@ -50,6 +50,7 @@ def load_problems(path: str, tag: str):
   """The rows of a dataset file as composition Problems with ids "<tag>:<row index>"."""
   from rlvr.data import read_dataset
   from synthesis.composition import Problem
+
   return [Problem(e.problem, e.answer, f"{tag}:{e.index}", e.source) for e in read_dataset(path)]
 
 
@@ -86,11 +87,13 @@ def make_plan(first, second, depth: int, n: int, pool_size: int, seed: int) -> l
   and the last problem from `second`.
   """
   from synthesis import composition as comp
+
   rng = random.Random(seed)
   openers = [p for p in first if comp.numbers_in(p.answer)]
   if not openers:
-    raise ValueError("no problem of the source has a number in its answer, so none can be "
-                     "q1 of a composition")
+    raise ValueError(
+      "no problem of the source has a number in its answer, so none can be q1 of a composition"
+    )
   if second is not None and depth == 2:
     chains = comp.cross_domain_pairs(openers, list(second), n, rng)
   else:
@@ -100,15 +103,29 @@ def make_plan(first, second, depth: int, n: int, pool_size: int, seed: int) -> l
   return [Planned(f"c{i}", tuple(c)) for i, c in enumerate(chains)]
 
 
-def prepare(out: str, first, second, *, source: str, second_source: str | None, depth: int,
-            n: int, pool_size: int, seed: int) -> list[Planned]:
+def prepare(
+  out: str,
+  first,
+  second,
+  *,
+  source: str,
+  second_source: str | None,
+  depth: int,
+  n: int,
+  pool_size: int,
+  seed: int,
+) -> list[Planned]:
   """The plan of an output, checked against OUT.plan.json (written on the first run;
   ValueError when this one differs)."""
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  plan_info = {"source": os.path.abspath(source),
-               "second_source": second_source and os.path.abspath(second_source),
-               "depth": depth, "pool_size": pool_size, "seed": seed,
-               "problems_sha256": problems_digest(first, second)}
+  plan_info = {
+    "source": os.path.abspath(source),
+    "second_source": second_source and os.path.abspath(second_source),
+    "depth": depth,
+    "pool_size": pool_size,
+    "seed": seed,
+    "problems_sha256": problems_digest(first, second),
+  }
   plan = make_plan(first, second, depth, n, pool_size, seed)
   check_plan_file(out + ".plan.json", plan_info)
   return plan
@@ -122,6 +139,7 @@ def compose_one(planned: Planned, complete: Callable[..., list[str]]) -> dict:
   request (too long a prompt, ...) are kept in `error`; `complete(prompts, on_error)`
   is `Assistant.complete`."""
   from synthesis import composition as comp
+
   chain, k = planned.chain, len(planned.chain)
   errors: list[str] = []
   call = lambda prompts: complete(prompts, errors.append)
@@ -130,17 +148,33 @@ def compose_one(planned: Planned, complete: Callable[..., list[str]]) -> dict:
   for level, pos in enumerate(range(k - 2, -1, -1), start=1):
     [outcome] = comp.compose([(chain[pos], inner)], call, depth=k - pos)
     if outcome.composed is None:
-      row = {"id": planned.id, "level": level, "stage": outcome.stage,
-             "reason": outcome.reason, "depth": k, "source_ids": ids}
+      row = {
+        "id": planned.id,
+        "level": level,
+        "stage": outcome.stage,
+        "reason": outcome.reason,
+        "depth": k,
+        "source_ids": ids,
+      }
       if errors:
         row["error"] = errors[0]
       return row
     inner = outcome.composed.problem
   c = outcome.composed
-  return {"id": planned.id, "problem": c.problem.text, "answer": c.problem.answer,
-          "data_source": f"composed-d{c.depth}", "origin_source": c.problem.source,
-          "depth": c.depth, "source_ids": list(c.ids),
-          "v1": c.v1, "v2": c.v2, "x": c.x, "y": c.y, "relation": c.relation}
+  return {
+    "id": planned.id,
+    "problem": c.problem.text,
+    "answer": c.problem.answer,
+    "data_source": f"composed-d{c.depth}",
+    "origin_source": c.problem.source,
+    "depth": c.depth,
+    "source_ids": list(c.ids),
+    "v1": c.v1,
+    "v2": c.v2,
+    "x": c.x,
+    "y": c.y,
+    "relation": c.relation,
+  }
 
 
 # ------------------------------------------------------------------ files and resume
@@ -160,7 +194,7 @@ def read_rows(path: str) -> list[dict]:
     return rows
   with f:
     for line in f:
-      if not line.endswith(b"\n"):   # only the last line can lack it: cut short
+      if not line.endswith(b"\n"):  # only the last line can lack it: cut short
         break
       try:
         row = json.loads(line)
@@ -206,16 +240,19 @@ def check_plan_file(path: str, plan_info: dict) -> None:
     diff = [k for k in PLAN_KEYS if saved.get(k) != plan_info.get(k)]
     if diff:
       what = "; ".join(f"{k}: {saved.get(k)!r} then, {plan_info.get(k)!r} now" for k in diff)
-      raise ValueError(f"{path}: this output was planned differently ({what}); rerun with the "
-                       "same flags or write to another --out")
+      raise ValueError(
+        f"{path}: this output was planned differently ({what}); rerun with the "
+        "same flags or write to another --out"
+      )
     return
   with open(path, "w") as f:
     json.dump(plan_info, f, indent=2)
 
 
 # ------------------------------------------------------------------ the yield report
-def funnel_report(accepted: Iterable[dict], rejected: Iterable[dict], depth: int,
-                  planned: int) -> dict:
+def funnel_report(
+  accepted: Iterable[dict], rejected: Iterable[dict], depth: int, planned: int
+) -> dict:
   """Counts over all finished rows (each id once): how many chains entered and passed
   each stage of each level, and why the others were rejected there."""
   seen, acc, rej = set(), [], []
@@ -228,43 +265,62 @@ def funnel_report(accepted: Iterable[dict], rejected: Iterable[dict], depth: int
   for r in rej:
     by_place[(r.get("level"), r.get("stage"))][r.get("reason", "?")] += 1
   places = [(level, stage) for level in range(1, depth) for stage in STAGES]
-  places += sorted((p for p in by_place if p not in places), key=str)   # should stay empty
+  places += sorted((p for p in by_place if p not in places), key=str)  # should stay empty
   entered, funnel = len(acc) + len(rej), []
   for level, stage in places:
     reasons = by_place.get((level, stage), collections.Counter())
     passed = entered - sum(reasons.values())
-    funnel.append({"level": level, "stage": stage, "entered": entered, "passed": passed,
-                   "rejected": dict(reasons.most_common())})
+    funnel.append(
+      {
+        "level": level,
+        "stage": stage,
+        "entered": entered,
+        "passed": passed,
+        "rejected": dict(reasons.most_common()),
+      }
+    )
     entered = passed
   reasons = collections.Counter(f"{r.get('stage')}: {r.get('reason')}" for r in rej)
-  return {"planned": planned, "finished": len(acc) + len(rej), "accepted": len(acc),
-          "rejected": len(rej), "yield": round(len(acc) / max(1, len(acc) + len(rej)), 4),
-          "funnel": funnel, "rejected_by_reason": dict(reasons.most_common()),
-          "server_refused": sum(1 for r in rej if "error" in r)}
+  return {
+    "planned": planned,
+    "finished": len(acc) + len(rej),
+    "accepted": len(acc),
+    "rejected": len(rej),
+    "yield": round(len(acc) / max(1, len(acc) + len(rej)), 4),
+    "funnel": funnel,
+    "rejected_by_reason": dict(reasons.most_common()),
+    "server_refused": sum(1 for r in rej if "error" in r),
+  }
 
 
 def format_report(report: dict) -> str:
   """The funnel as a few printable lines."""
-  lines = [f"composed {report['finished']} of {report['planned']} planned: "
-           f"{report['accepted']} accepted, {report['rejected']} rejected "
-           f"(yield {report['yield']:.1%})"]
+  lines = [
+    f"composed {report['finished']} of {report['planned']} planned: "
+    f"{report['accepted']} accepted, {report['rejected']} rejected "
+    f"(yield {report['yield']:.1%})"
+  ]
   multi = any(s["level"] != 1 for s in report["funnel"])
   for s in report["funnel"]:
     where = f"L{s['level']} {s['stage']}" if multi else s["stage"]
     why = ", ".join(f"{k} {v}" for k, v in s["rejected"].items())
     lines.append(f"  {where:<11} {s['entered']:>8} -> {s['passed']:<8} {why}")
   if report["server_refused"]:
-    lines.append(f"  ({report['server_refused']} rejections after the server refused a "
-                 "request; see `error` in the rejected file)")
+    lines.append(
+      f"  ({report['server_refused']} rejections after the server refused a "
+      "request; see `error` in the rejected file)"
+    )
   return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ the run
-def run(plan: Sequence[Planned], out: str, assistant: Assistant, concurrency: int,
-        progress: bool = True) -> dict:
+def run(
+  plan: Sequence[Planned], out: str, assistant: Assistant, concurrency: int, progress: bool = True
+) -> dict:
   """Composes the planned chains not yet in the output files, appending each as it
   finishes; returns this run's counts. AssistantError propagates (rows written stay)."""
   from tqdm import tqdm
+
   for path in (out, rejected_path(out)):
     drop_partial_tail(path)
   done = finished_ids(out)
@@ -273,15 +329,23 @@ def run(plan: Sequence[Planned], out: str, assistant: Assistant, concurrency: in
   if not todo:
     return counts
   assistant.check()
-  bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="compose", unit="chain",
-             disable=not progress, dynamic_ncols=True)
+  bar = tqdm(
+    total=len(plan),
+    initial=len(plan) - len(todo),
+    desc="compose",
+    unit="chain",
+    disable=not progress,
+    dynamic_ncols=True,
+  )
   pool = cf.ThreadPoolExecutor(concurrency, thread_name_prefix="compose")
   pending: set[cf.Future] = set()
   queue = iter(todo)
   ok = False
   try:
-    with open(out, "a", encoding="utf-8") as acc_f, \
-        open(rejected_path(out), "a", encoding="utf-8") as rej_f:
+    with (
+      open(out, "a", encoding="utf-8") as acc_f,
+      open(rejected_path(out), "a", encoding="utf-8") as rej_f,
+    ):
 
       def refill():
         for planned in queue:
@@ -300,8 +364,7 @@ def run(plan: Sequence[Planned], out: str, assistant: Assistant, concurrency: in
           f.flush()
           counts["accepted" if "problem" in row else "rejected"] += 1
           bar.update(1)
-          bar.set_postfix(accepted=counts["accepted"], rejected=counts["rejected"],
-                          refresh=False)
+          bar.set_postfix(accepted=counts["accepted"], rejected=counts["rejected"], refresh=False)
         refill()
     ok = True
   finally:
@@ -322,8 +385,9 @@ def write_report(out: str, depth: int, planned: int, extra: dict) -> dict:
   return report
 
 
-def run_and_report(plan: Sequence[Planned], out: str, assistant: Assistant, concurrency: int,
-                   depth: int) -> tuple[dict, str | None]:
+def run_and_report(
+  plan: Sequence[Planned], out: str, assistant: Assistant, concurrency: int, depth: int
+) -> tuple[dict, str | None]:
   """Composes what the plan still lacks and writes OUT.report.json over all finished rows,
   with this run's time, requests and endpoint; returns (the report, the error that
   stopped the run, else None)."""
@@ -334,8 +398,18 @@ def run_and_report(plan: Sequence[Planned], out: str, assistant: Assistant, conc
     error = str(e)
   except KeyboardInterrupt:
     error = "interrupted"
-  report = write_report(out, depth, len(plan), {
-      "this_run": {"seconds": round(time.time() - t0, 1), "requests": assistant.requests,
-                   "server_refused": assistant.refused, "endpoint": assistant.mode,
-                   **({"error": error} if error else {})}})
+  report = write_report(
+    out,
+    depth,
+    len(plan),
+    {
+      "this_run": {
+        "seconds": round(time.time() - t0, 1),
+        "requests": assistant.requests,
+        "server_refused": assistant.refused,
+        "endpoint": assistant.mode,
+        **({"error": error} if error else {}),
+      }
+    },
+  )
   return report, error

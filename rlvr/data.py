@@ -41,6 +41,7 @@ class DatasetError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Example:
   """One problem with its verifiable answer; `index` is the row index in its file."""
+
   problem: str
   answer: str
   source: str = ""
@@ -51,6 +52,7 @@ class Example:
 @dataclasses.dataclass(frozen=True)
 class Dataset:
   """The valid examples of one file plus the (row index, reason) of every skipped row."""
+
   examples: tuple[Example, ...]
   bad_rows: tuple[tuple[int, str], ...]
   path: str
@@ -92,6 +94,7 @@ def _json_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
   import pyarrow.parquet as pq  # only parquet readers pay for the import
+
   for i, row in enumerate(pq.read_table(path).to_pylist()):
     yield i, row, None
 
@@ -144,8 +147,9 @@ def _answer_text(value: Any) -> str | None:
   return None
 
 
-def _to_example(row: Any, index: int, problem_fields, answer_fields,
-                default_source: str) -> Example | str:
+def _to_example(
+  row: Any, index: int, problem_fields, answer_fields, default_source: str
+) -> Example | str:
   """The row's Example, or the reason it is bad."""
   if not isinstance(row, Mapping):
     return f"not an object ({type(row).__name__})"
@@ -154,7 +158,9 @@ def _to_example(row: Any, index: int, problem_fields, answer_fields,
     return f"missing problem (tried {', '.join(problem_fields)})"
   problem = _problem_text(raw_problem)
   if problem is None:
-    return f"problem is neither text nor chat messages with a user turn ({type(raw_problem).__name__})"
+    return (
+      f"problem is neither text nor chat messages with a user turn ({type(raw_problem).__name__})"
+    )
   if not problem.strip():
     return "empty problem"
   raw_answer = _first_present(row, answer_fields)
@@ -167,9 +173,13 @@ def _to_example(row: Any, index: int, problem_fields, answer_fields,
     return "empty answer"
   solution = _first_present(row, SOLUTION_FIELDS)
   source = _first_present(row, SOURCE_FIELDS)
-  return Example(problem=problem, answer=answer.strip(),
-                 source=source if isinstance(source, str) else default_source, index=index,
-                 solution=solution if isinstance(solution, str) and solution.strip() else None)
+  return Example(
+    problem=problem,
+    answer=answer.strip(),
+    source=source if isinstance(source, str) else default_source,
+    index=index,
+    solution=solution if isinstance(solution, str) and solution.strip() else None,
+  )
 
 
 def _summary(bad_rows: Sequence[tuple[int, str]]) -> str:
@@ -178,8 +188,14 @@ def _summary(bad_rows: Sequence[tuple[int, str]]) -> str:
   return shown + more
 
 
-def read_dataset(path: str, *, problem_field: str | None = None, answer_field: str | None = None,
-                 on_bad_row: str = "skip", limit: int | None = None) -> Dataset:
+def read_dataset(
+  path: str,
+  *,
+  problem_field: str | None = None,
+  answer_field: str | None = None,
+  on_bad_row: str = "skip",
+  limit: int | None = None,
+) -> Dataset:
   """Reads a .parquet / .jsonl / .json file of math problems into a `Dataset`.
 
   problem_field / answer_field: a (dotted) field name; by default the first
@@ -211,11 +227,18 @@ def read_dataset(path: str, *, problem_field: str | None = None, answer_field: s
       raise DatasetError(f"{path}: row {index}: {result}")
     bad_rows.append((index, result))
   if not examples:
-    raise DatasetError(f"{path}: no valid row among {num_rows} rows"
-                       + (f"; {_summary(bad_rows)}" if bad_rows else ""))
+    raise DatasetError(
+      f"{path}: no valid row among {num_rows} rows"
+      + (f"; {_summary(bad_rows)}" if bad_rows else "")
+    )
   if bad_rows:
-    log.warning("read_dataset(%s): skipped %d of %d rows (%s)", path, len(bad_rows), num_rows,
-                _summary(bad_rows))
+    log.warning(
+      "read_dataset(%s): skipped %d of %d rows (%s)",
+      path,
+      len(bad_rows),
+      num_rows,
+      _summary(bad_rows),
+    )
   return Dataset(examples=tuple(examples), bad_rows=tuple(bad_rows), path=path)
 
 
@@ -271,7 +294,7 @@ class DataStream:
       epoch, offset = divmod(self._position, self._n)
       if epoch != self._epoch:
         self._epoch, self._perm = epoch, self.epoch_permutation(epoch)
-      take = self._perm[offset:offset + k - len(out)]
+      take = self._perm[offset : offset + k - len(out)]
       out.extend(int(i) for i in take)
       self._position += len(take)
     return out

@@ -25,17 +25,17 @@ BAD_ROW_POLICIES = ("skip", "error")
 class ArithmeticConfig:
   """The procedural task (data.kind = "arithmetic"; `rlvr.tasks.arithmetic`)."""
 
-  difficulty: int = 1                       # 1 = 2 operations
-  max_operand: int = 20                     # operands 0..max_operand
-  n_sft: int = 0                            # worked solutions seen by SFT
-  n_train: int = 0                          # answer-only problems for RL
-  n_heldout: int = 0                        # fixed held-out split
-  inverse_pairs: bool = False               # also teach solution -> problem (SvS synthesis)
-  sft_difficulties: tuple[int, ...] = ()    # n_sft more worked solutions at each of these
-                                            # difficulties (RL and eval stay at `difficulty`)
-  depths: tuple[int, ...] = (1,)            # composed problems of these depths
-                                            # (rlvr.tasks.composed); sizes above are per depth
-  pool_size: int = 20                       # surrogate pool per position 1..K-1
+  difficulty: int = 1  # 1 = 2 operations
+  max_operand: int = 20  # operands 0..max_operand
+  n_sft: int = 0  # worked solutions seen by SFT
+  n_train: int = 0  # answer-only problems for RL
+  n_heldout: int = 0  # fixed held-out split
+  inverse_pairs: bool = False  # also teach solution -> problem (SvS synthesis)
+  sft_difficulties: tuple[int, ...] = ()  # n_sft more worked solutions at each of these
+  # difficulties (RL and eval stay at `difficulty`)
+  depths: tuple[int, ...] = (1,)  # composed problems of these depths
+  # (rlvr.tasks.composed); sizes above are per depth
+  pool_size: int = 20  # surrogate pool per position 1..K-1
 
   def __post_init__(self):
     for name in ("difficulty", "max_operand", "pool_size"):
@@ -45,26 +45,28 @@ class ArithmeticConfig:
       if getattr(self, name) < 0:
         raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
     if not self.depths or min(self.depths) < 1 or min(self.sft_difficulties, default=1) < 1:
-      raise ValueError(f"depths / sft_difficulties: each must be >= 1 (and depths not empty), "
-                       f"got {self.depths} / {self.sft_difficulties}")
+      raise ValueError(
+        f"depths / sft_difficulties: each must be >= 1 (and depths not empty), "
+        f"got {self.depths} / {self.sft_difficulties}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Where a run's problems come from: files, or the procedural task."""
 
-  kind: str = "files"                       # "files" or "arithmetic" (procedural)
-  instruction: str = data_lib.DEFAULT_INSTRUCTION   # appended to every problem to solve
+  kind: str = "files"  # "files" or "arithmetic" (procedural)
+  instruction: str = data_lib.DEFAULT_INSTRUCTION  # appended to every problem to solve
   arithmetic: ArithmeticConfig = ArithmeticConfig()
-  train_path: str = ""                      # parquet (verl) / jsonl / json
-  extra_train_paths: tuple[str, ...] = ()   # more training files, appended (e.g. composed
-                                            # depth-2 and depth-3 sets, method="composition")
-  eval_paths: tuple[str, ...] = ()          # evaluated before and after RL
-  eval_limit: int = 0                       # the first N problems of each eval set (0 = all)
-  sft_path: str = ""                        # rows with a `solution` for the SFT warm start
-  problem_field: str = ""                   # "" = auto (problem/question/prompt)
-  answer_field: str = ""                    # "" = auto (answer/ref_answer/ground_truth)
-  on_bad_row: str = "skip"                  # or "error"
+  train_path: str = ""  # parquet (verl) / jsonl / json
+  extra_train_paths: tuple[str, ...] = ()  # more training files, appended (e.g. composed
+  # depth-2 and depth-3 sets, method="composition")
+  eval_paths: tuple[str, ...] = ()  # evaluated before and after RL
+  eval_limit: int = 0  # the first N problems of each eval set (0 = all)
+  sft_path: str = ""  # rows with a `solution` for the SFT warm start
+  problem_field: str = ""  # "" = auto (problem/question/prompt)
+  answer_field: str = ""  # "" = auto (answer/ref_answer/ground_truth)
+  on_bad_row: str = "skip"  # or "error"
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -77,9 +79,9 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunData:
-  sft_pairs: list[tuple[str, str]]            # (problem text, worked solution text)
-  train: list[data_lib.Example]               # RL problems with reference answers
-  evals: dict[str, list[data_lib.Example]]    # eval set name -> problems
+  sft_pairs: list[tuple[str, str]]  # (problem text, worked solution text)
+  train: list[data_lib.Example]  # RL problems with reference answers
+  evals: dict[str, list[data_lib.Example]]  # eval set name -> problems
   answer_of: Callable[[str], str | None] | None = None
 
 
@@ -89,11 +91,17 @@ def _composed(d, seed: int) -> RunData:
   t = d.arithmetic
   sft, train, evals = [], [], {}
   for depth in t.depths:
-    tr, held = composed.make_composed_splits(t.n_sft + t.n_train, t.n_heldout, depth, seed,
-                                             max_operand=t.max_operand, pool_size=t.pool_size,
-                                             difficulty=t.difficulty)
-    sft += [(p.problem, p.solution) for p in tr[:t.n_sft]]
-    train += composed.to_examples(tr[t.n_sft:])
+    tr, held = composed.make_composed_splits(
+      t.n_sft + t.n_train,
+      t.n_heldout,
+      depth,
+      seed,
+      max_operand=t.max_operand,
+      pool_size=t.pool_size,
+      difficulty=t.difficulty,
+    )
+    sft += [(p.problem, p.solution) for p in tr[: t.n_sft]]
+    train += composed.to_examples(tr[t.n_sft :])
     evals[f"heldout_d{depth}"] = composed.to_examples(held)
   return RunData(sft, train, evals, composed.answer_of)
 
@@ -102,19 +110,26 @@ def _arithmetic(d, seed: int) -> RunData:
   t = d.arithmetic
   if tuple(t.depths) != (1,):
     if t.inverse_pairs:
-      raise ValueError("data.arithmetic.inverse_pairs: only for depths (1,), not "
-                       f"data.arithmetic.depths {tuple(t.depths)}")
+      raise ValueError(
+        "data.arithmetic.inverse_pairs: only for depths (1,), not "
+        f"data.arithmetic.depths {tuple(t.depths)}"
+      )
     return _composed(d, seed)
-  train, heldout = arithmetic.make_splits(t.n_sft + t.n_train, t.n_heldout, t.difficulty, seed,
-                                          max_operand=t.max_operand)
-  sft = [(p.problem, p.solution) for p in train[:t.n_sft]]
+  train, heldout = arithmetic.make_splits(
+    t.n_sft + t.n_train, t.n_heldout, t.difficulty, seed, max_operand=t.max_operand
+  )
+  sft = [(p.problem, p.solution) for p in train[: t.n_sft]]
   if t.inverse_pairs:
-    sft += [arithmetic.inverse_pair(p) for p in train[:t.n_sft]]
-  for extra in t.sft_difficulties:   # worked solutions of other lengths (QbQ's
+    sft += [arithmetic.inverse_pair(p) for p in train[: t.n_sft]]
+  for extra in t.sft_difficulties:  # worked solutions of other lengths (QbQ's
     more, _ = arithmetic.make_splits(t.n_sft, 0, extra, seed, max_operand=t.max_operand)
-    sft += [(p.problem, p.solution) for p in more]   # variants add or drop operations)
-  return RunData(sft, arithmetic.to_examples(train[t.n_sft:]),
-                 {"heldout": arithmetic.to_examples(heldout)}, arithmetic.answer_of)
+    sft += [(p.problem, p.solution) for p in more]  # variants add or drop operations)
+  return RunData(
+    sft,
+    arithmetic.to_examples(train[t.n_sft :]),
+    {"heldout": arithmetic.to_examples(heldout)},
+    arithmetic.answer_of,
+  )
 
 
 def _files(d) -> RunData:
@@ -126,9 +141,14 @@ def _files(d) -> RunData:
   for field, path in named:
     if path and not os.path.exists(path):
       raise FileNotFoundError(f"{field}: no such file {path}")
-  read = lambda path: list(data_lib.read_dataset(
-      path, problem_field=d.problem_field or None, answer_field=d.answer_field or None,
-      on_bad_row=d.on_bad_row))
+  read = lambda path: list(
+    data_lib.read_dataset(
+      path,
+      problem_field=d.problem_field or None,
+      answer_field=d.answer_field or None,
+      on_bad_row=d.on_bad_row,
+    )
+  )
   evals = {os.path.splitext(os.path.basename(p))[0]: read(p) for p in d.eval_paths}
   sft = [(e.problem, e.solution) for e in read(d.sft_path) if e.solution] if d.sft_path else []
   train = [e for path in (d.train_path, *d.extra_train_paths) for e in read(path)]
@@ -140,14 +160,18 @@ def _check_mode(d) -> None:
   if d.kind == "arithmetic":
     for name in ("train_path", "extra_train_paths", "eval_paths", "sft_path"):
       if getattr(d, name):
-        raise ValueError(f"data.{name}: set, but data.kind is 'arithmetic' (a procedural task "
-                         f"that reads no files); set data.kind='files' or clear data.{name}")
+        raise ValueError(
+          f"data.{name}: set, but data.kind is 'arithmetic' (a procedural task "
+          f"that reads no files); set data.kind='files' or clear data.{name}"
+        )
   elif d.kind == "files":
     t = d.arithmetic
     for name in ("n_sft", "n_train", "n_heldout"):
       if getattr(t, name):
-        raise ValueError(f"data.arithmetic.{name}: set, but data.kind is 'files'; set "
-                         f"data.kind='arithmetic' or clear data.arithmetic.{name}")
+        raise ValueError(
+          f"data.arithmetic.{name}: set, but data.kind is 'files'; set "
+          f"data.kind='arithmetic' or clear data.arithmetic.{name}"
+        )
 
 
 def prepare(d, seed: int) -> RunData:
@@ -156,6 +180,7 @@ def prepare(d, seed: int) -> RunData:
   _check_mode(d)
   out = _arithmetic(d, seed) if d.kind == "arithmetic" else _files(d)
   if d.eval_limit:
-    out = dataclasses.replace(out, evals={name: exs[:d.eval_limit]
-                                          for name, exs in out.evals.items()})
+    out = dataclasses.replace(
+      out, evals={name: exs[: d.eval_limit] for name, exs in out.evals.items()}
+    )
   return out

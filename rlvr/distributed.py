@@ -10,8 +10,9 @@ import numpy as np
 from rlvr import sharding
 
 
-def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+def initialize(
+  coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
   """`jax.distributed.initialize` from arguments or the environment.
 
   Environment: RLVR_COORDINATOR (host:port), RLVR_NUM_PROCESSES, RLVR_PROCESS_ID,
@@ -37,8 +38,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     return False
   if num_processes is None or process_id is None:
     raise ValueError(f"coordinator {coordinator}: set num_processes and process_id too")
-  jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id,
-                             **timeouts)
+  jax.distributed.initialize(
+    coordinator, num_processes=num_processes, process_id=process_id, **timeouts
+  )
   return True
 
 
@@ -56,9 +58,11 @@ def replicated_batch(tree, mesh, rules=None):
   same global batch (so host-side decisions agree everywhere) and each device takes
   its rows.
   """
+
   def put(x):
     x = np.asarray(x)
     return sharding.put_global(x, sharding.batch_sharding(mesh, x.ndim, rules))
+
   return jax.tree.map(put, tree)
 
 
@@ -68,8 +72,10 @@ def check_shared_workdir(workdir: str) -> None:
   if jax.process_count() == 1:
     return
   from jax.experimental import multihost_utils
-  token = int(multihost_utils.broadcast_one_to_all(
-      np.int32(np.random.SeedSequence().entropy % (1 << 30))))
+
+  token = int(
+    multihost_utils.broadcast_one_to_all(np.int32(np.random.SeedSequence().entropy % (1 << 30)))
+  )
   marker = os.path.join(workdir, f".shared-check-{token}")
   if is_writer():
     with open(marker, "w") as f:
@@ -82,9 +88,10 @@ def check_shared_workdir(workdir: str) -> None:
   if not sees.all():
     missing = [i for i, ok in enumerate(sees.ravel()) if not ok]
     raise RuntimeError(
-        f"workdir {workdir}: processes {missing} do not see the file process 0 wrote there; "
-        f"every process needs the same work dir on a shared file system (NFS, Lustre, GCS "
-        f"fuse) for checkpoints and exports")
+      f"workdir {workdir}: processes {missing} do not see the file process 0 wrote there; "
+      f"every process needs the same work dir on a shared file system (NFS, Lustre, GCS "
+      f"fuse) for checkpoints and exports"
+    )
 
 
 def global_batch(local_tree, mesh, rules=None):
@@ -93,8 +100,9 @@ def global_batch(local_tree, mesh, rules=None):
   Each process passes its own slice of the batch (its rows, in process order);
   leaves that are None stay None.
   """
+
   def put(x):
     x = np.asarray(x)
-    return jax.make_array_from_process_local_data(
-        sharding.batch_sharding(mesh, x.ndim, rules), x)
+    return jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, x.ndim, rules), x)
+
   return jax.tree.map(put, local_tree)

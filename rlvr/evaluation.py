@@ -21,14 +21,14 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  n: int = 8                      # samples per problem
-  seeds: tuple[int, ...] = (0,)   # repeat the whole evaluation per seed
+  n: int = 8  # samples per problem
+  seeds: tuple[int, ...] = (0,)  # repeat the whole evaluation per seed
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
   repetition_penalty: float = 1.0  # vLLM / HF semantics; 1 = off
   max_tokens: int = 256
-  batch_prompts: int = 64         # prompts per generate call
+  batch_prompts: int = 64  # prompts per generate call
 
   def __post_init__(self):
     for name in ("n", "max_tokens", "batch_prompts"):
@@ -37,42 +37,62 @@ class EvalConfig:
     if not self.seeds:
       raise ValueError("seeds: give at least one sampling seed")
     if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-      raise ValueError(f"temperature / top_p / top_k: must be >= 0 / in (0, 1] / >= 0, got "
-                       f"{self.temperature} / {self.top_p} / {self.top_k}")
+      raise ValueError(
+        f"temperature / top_p / top_k: must be >= 0 / in (0, 1] / >= 0, got "
+        f"{self.temperature} / {self.top_p} / {self.top_k}"
+      )
     if not self.repetition_penalty > 0:
-      raise ValueError(f"repetition_penalty: must be > 0 (1 = off), got "
-                       f"{self.repetition_penalty}")
+      raise ValueError(f"repetition_penalty: must be > 0 (1 = off), got {self.repetition_penalty}")
 
 
 def score_fn(pool, reward_cfg) -> Callable:
   """`(texts, golds) -> (rewards, correct)` of a `rlvr.rewards.RewardPool` under one config."""
+
   def score(texts, golds):
     res = pool.score(texts, golds, reward_cfg)
     return res.rewards, res.correct
+
   return score
 
 
-def fitting(prompts: Sequence[Prompt], max_tokens: int, context: int | None,
-            name: str = "eval set") -> list[Prompt]:
+def fitting(
+  prompts: Sequence[Prompt], max_tokens: int, context: int | None, name: str = "eval set"
+) -> list[Prompt]:
   """The prompts whose prompt + max_tokens fit the model's context; the rest are skipped
   with a warning that counts them (never a crash halfway through an evaluation)."""
   if context is None:
     return list(prompts)
   kept = [p for p in prompts if len(p.ids) + max_tokens <= context]
   if len(kept) < len(prompts):
-    log.warning("%s: skipped %d of %d prompts longer than the model's context %d minus "
-                "max_tokens %d", name, len(prompts) - len(kept), len(prompts), context, max_tokens)
+    log.warning(
+      "%s: skipped %d of %d prompts longer than the model's context %d minus max_tokens %d",
+      name,
+      len(prompts) - len(kept),
+      len(prompts),
+      context,
+      max_tokens,
+    )
   return kept
 
 
 def sample_record(seed: int, index: int, group: Group) -> dict:
   """One problem's responses under one seed, as a line of samples_<set>.jsonl."""
-  return {"seed": seed, "index": index, "problem": group.prompt.text,
-          "answer": group.prompt.answer,
-          "responses": [{"text": c.text, "tokens": len(c.token_ids),
-                         "finish_reason": c.finish_reason, "reward": float(r),
-                         "correct": bool(ok)}
-                        for c, r, ok in zip(group.completions, group.rewards, group.correct)]}
+  return {
+    "seed": seed,
+    "index": index,
+    "problem": group.prompt.text,
+    "answer": group.prompt.answer,
+    "responses": [
+      {
+        "text": c.text,
+        "tokens": len(c.token_ids),
+        "finish_reason": c.finish_reason,
+        "reward": float(r),
+        "correct": bool(ok),
+      }
+      for c, r, ok in zip(group.completions, group.rewards, group.correct)
+    ],
+  }
 
 
 @contextlib.contextmanager
@@ -86,9 +106,15 @@ def _written_when_done(path: str | None):
     yield f
 
 
-def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable, cfg: EvalConfig,
-                 progress: bool = False, context: int | None = None,
-                 samples_path: str | None = None) -> dict:
+def evaluate_set(
+  sampler: Sampler,
+  prompts: Sequence[Prompt],
+  score_fn: Callable,
+  cfg: EvalConfig,
+  progress: bool = False,
+  context: int | None = None,
+  samples_path: str | None = None,
+) -> dict:
   """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...],
   "skipped_too_long": count}.
 
@@ -100,10 +126,12 @@ def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable
   total = len(prompts)
   kept = fitting(prompts, cfg.max_tokens, context)
   if not kept:
-    raise ValueError(f"evaluate_set: none of {total} prompts fits the model's context {context} "
-                     f"with max_tokens {cfg.max_tokens}; lower max_tokens")
+    raise ValueError(
+      f"evaluate_set: none of {total} prompts fits the model's context {context} "
+      f"with max_tokens {cfg.max_tokens}; lower max_tokens"
+    )
   kept_ids = {id(p) for p in kept}
-  index = [i for i, p in enumerate(prompts) if id(p) in kept_ids]   # in the given set
+  index = [i for i, p in enumerate(prompts) if id(p) in kept_ids]  # in the given set
   prompts = kept
   ks = metrics_lib.ks_up_to(cfg.n)
   per_seed = []
@@ -113,32 +141,44 @@ def evaluate_set(sampler: Sampler, prompts: Sequence[Prompt], score_fn: Callable
       chunks = range(0, len(prompts), cfg.batch_prompts)
       if progress:
         from tqdm import tqdm
+
         chunks = tqdm(chunks, desc=f"eval seed {seed}", unit="batch", leave=False)
       for start in chunks:
-        sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
-                            top_k=cfg.top_k, repetition_penalty=cfg.repetition_penalty,
-                            max_tokens=cfg.max_tokens, seed=seed * 100_003 + start)
-        groups = rollout(sampler.generate, score_fn, prompts[start:start + cfg.batch_prompts],
-                         sp)
+        sp = SamplingParams(
+          n=cfg.n,
+          temperature=cfg.temperature,
+          top_p=cfg.top_p,
+          top_k=cfg.top_k,
+          repetition_penalty=cfg.repetition_penalty,
+          max_tokens=cfg.max_tokens,
+          seed=seed * 100_003 + start,
+        )
+        groups = rollout(sampler.generate, score_fn, prompts[start : start + cfg.batch_prompts], sp)
         counts += [int(g.correct.sum()) for g in groups]
         if samples is not None:
-          samples.writelines(json.dumps(sample_record(seed, index[i], g)) + "\n"
-                             for i, g in enumerate(groups, start))
+          samples.writelines(
+            json.dumps(sample_record(seed, index[i], g)) + "\n" for i, g in enumerate(groups, start)
+          )
       counts = np.asarray(counts)
-      per_seed.append({
+      per_seed.append(
+        {
           "seed": seed,
-          "pass@k": {k: float(np.mean([metrics_lib.pass_at_k(cfg.n, int(c), k)
-                                       for c in counts])) for k in ks},
+          "pass@k": {
+            k: float(np.mean([metrics_lib.pass_at_k(cfg.n, int(c), k) for c in counts])) for k in ks
+          },
           f"avg@{cfg.n}": float(counts.mean() / cfg.n),
           "correct_counts": counts.tolist(),
-      })
+        }
+      )
   agg = lambda xs: (float(np.mean(xs)), float(np.std(xs)))
   return {
-      "n": cfg.n, "problems": len(prompts), "skipped_too_long": total - len(prompts),
-      "seeds": list(cfg.seeds),
-      "pass@k": {k: agg([s["pass@k"][k] for s in per_seed]) for k in ks},
-      f"avg@{cfg.n}": agg([s[f"avg@{cfg.n}"] for s in per_seed]),
-      "per_seed": per_seed,
+    "n": cfg.n,
+    "problems": len(prompts),
+    "skipped_too_long": total - len(prompts),
+    "seeds": list(cfg.seeds),
+    "pass@k": {k: agg([s["pass@k"][k] for s in per_seed]) for k in ks},
+    f"avg@{cfg.n}": agg([s[f"avg@{cfg.n}"] for s in per_seed]),
+    "per_seed": per_seed,
   }
 
 
@@ -168,8 +208,9 @@ def _seeds_note(results: dict[str, dict]) -> str:
   counts = sorted({_seed_count(r) for r in results.values()})
   if counts == [1]:
     return "pass@k and avg@n in percent, one sampling seed."
-  return (f"pass@k and avg@n in percent, mean ± std over {' / '.join(map(str, counts))} "
-          "sampling seeds.")
+  return (
+    f"pass@k and avg@n in percent, mean ± std over {' / '.join(map(str, counts))} sampling seeds."
+  )
 
 
 def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation") -> dict:
@@ -198,8 +239,10 @@ def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation
   with open(os.path.join(outdir, "eval.csv"), "w") as f:
     f.write("\n".join(csv) + "\n")
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, ax = plt.subplots(figsize=(5, 3.5))
   for name, r in results.items():
     _pass_at_k_curve(ax, r, name)
@@ -219,8 +262,10 @@ def plot_comparison(reports: dict[str, dict], path: str, title: str = "pass@k") 
   """pass@k curves of several evaluations ({label: {set: evaluate_set result}}) on one
   figure, one panel per eval set, same y-range, error bars clipped to [0, 1]."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   sets = sorted({name for r in reports.values() for name in r})
   fig, axes = plt.subplots(1, len(sets), figsize=(4.5 * len(sets), 3.5), squeeze=False)
   for ax, name in zip(axes[0], sets):

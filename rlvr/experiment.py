@@ -22,9 +22,9 @@ from rlvr.sampling.config import SamplerConfig
 
 @dataclasses.dataclass(frozen=True)
 class ModelSource:
-  path: str = ""                        # HF dir or hub id of the policy; "" = a tiny random one
-  cache_dir: str = "~/.cache/rlvr"      # where tiny models are cached
-  tiny: dict = dataclasses.field(default_factory=dict)   # make_tiny overrides (path "")
+  path: str = ""  # HF dir or hub id of the policy; "" = a tiny random one
+  cache_dir: str = "~/.cache/rlvr"  # where tiny models are cached
+  tiny: dict = dataclasses.field(default_factory=dict)  # make_tiny overrides (path "")
 
 
 def _sft_learner() -> learner.LearnerConfig:
@@ -33,21 +33,22 @@ def _sft_learner() -> learner.LearnerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-  steps: int = 0                        # 0 = no SFT warm start
+  steps: int = 0  # 0 = no SFT warm start
   batch_size: int = 64
   learner: learner.LearnerConfig = dataclasses.field(default_factory=_sft_learner)
   # learner.lora.rank > 0: LoRA adapters on the frozen model, exported merged (rlvr.lora)
 
   def __post_init__(self):
     if self.steps < 0 or self.batch_size < 1:
-      raise ValueError(f"steps / batch_size: must be >= 0 / >= 1, got {self.steps} / "
-                       f"{self.batch_size}")
+      raise ValueError(
+        f"steps / batch_size: must be >= 0 / >= 1, got {self.steps} / {self.batch_size}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
-  every: int = 0                        # also evaluate every N RL steps (0 = before/after only)
-  samples: bool = False                 # before/after RL: every response, samples_*.jsonl
+  every: int = 0  # also evaluate every N RL steps (0 = before/after only)
+  samples: bool = False  # before/after RL: every response, samples_*.jsonl
   sampling: evaluation.EvalConfig = evaluation.EvalConfig()
 
   def __post_init__(self):
@@ -57,7 +58,7 @@ class EvalSection:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-  every: int = 20                       # RL steps between checkpoints (SFT: 10x as many)
+  every: int = 20  # RL steps between checkpoints (SFT: 10x as many)
   keep: int = 3
 
   def __post_init__(self):
@@ -67,10 +68,16 @@ class CheckpointConfig:
 
 # Section name -> its dataclass; `check` freezes each one under its full name.
 SECTIONS = {
-    "model": ModelSource, "data": datasets.DataConfig, "sampler": SamplerConfig,
-    "sft": SFTConfig, "rl.loop": loop.RLConfig, "rl.learner": learner.LearnerConfig,
-    "reward": RewardConfig, "shaping": shaping.ShapingConfig, "eval": EvalSection,
-    "checkpoint": CheckpointConfig,
+  "model": ModelSource,
+  "data": datasets.DataConfig,
+  "sampler": SamplerConfig,
+  "sft": SFTConfig,
+  "rl.loop": loop.RLConfig,
+  "rl.learner": learner.LearnerConfig,
+  "reward": RewardConfig,
+  "shaping": shaping.ShapingConfig,
+  "eval": EvalSection,
+  "checkpoint": CheckpointConfig,
 }
 
 
@@ -99,32 +106,43 @@ def _section(cfg, dotted: str):
 
 def check(cfg) -> Settings:
   """All sections of `cfg` frozen and checked, then the rules that span sections."""
-  s = Settings(**{name.replace(".", "_"): settings.frozen(cls, _section(cfg, name),
-                                                          prefix=f"{name}.")
-                  for name, cls in SECTIONS.items()})
+  s = Settings(
+    **{
+      name.replace(".", "_"): settings.frozen(cls, _section(cfg, name), prefix=f"{name}.")
+      for name, cls in SECTIONS.items()
+    }
+  )
   if cfg.rl.steps < 0:
     raise ValueError(f"rl.steps: must be >= 0, got {cfg.rl.steps}")
   lc, rl = s.rl_learner, s.rl_loop
-  if lc.lora.rank:   # the RL loop samples and re-scores with state.params as the policy
-    raise ValueError("rl.learner.lora.rank: LoRA is wired into SFT only (sft.learner.lora); "
-                     "RL trains the full model, leave it 0")
+  if lc.lora.rank:  # the RL loop samples and re-scores with state.params as the policy
+    raise ValueError(
+      "rl.learner.lora.rank: LoRA is wired into SFT only (sft.learner.lora); "
+      "RL trains the full model, leave it 0"
+    )
   if rl.pack and lc.attention == "cudnn":
-    raise ValueError("rl.loop.pack: packed rows (several sequences per row) need "
-                     "rl.learner.attention auto|dense|blockwise; cudnn takes one per row")
+    raise ValueError(
+      "rl.loop.pack: packed rows (several sequences per row) need "
+      "rl.learner.attention auto|dense|blockwise; cudnn takes one per row"
+    )
   split = lc.micro_batch_rows or lc.micro_batches
   if rl.pack and rl.pack_min_rows % split:
-    raise ValueError(f"rl.loop.pack_min_rows: {rl.pack_min_rows} packed rows do not split by "
-                     f"{split} (rl.learner.micro_batch_rows, or micro_batches); use a multiple")
+    raise ValueError(
+      f"rl.loop.pack_min_rows: {rl.pack_min_rows} packed rows do not split by "
+      f"{split} (rl.learner.micro_batch_rows, or micro_batches); use a multiple"
+    )
   return s
 
 
-def check_eval_fits(ecfg: evaluation.EvalConfig, context: int, prefix: str = "eval.sampling."
-                    ) -> None:
+def check_eval_fits(
+  ecfg: evaluation.EvalConfig, context: int, prefix: str = "eval.sampling."
+) -> None:
   """An eval response limit that leaves no room for any prompt in the model's context."""
   if ecfg.max_tokens >= context:
-    raise ValueError(f"{prefix}max_tokens: {ecfg.max_tokens} response tokens leave no room "
-                     f"for a prompt in the model's {context} positions; lower it")
-
+    raise ValueError(
+      f"{prefix}max_tokens: {ecfg.max_tokens} response tokens leave no room "
+      f"for a prompt in the model's {context} positions; lower it"
+    )
 
 
 def scale_down(cfg, steps: int = 2):
@@ -147,8 +165,8 @@ def scale_down(cfg, steps: int = 2):
   loop_c.prompts_per_step = 4
   loop_c.max_prompt_len = min(loop_c.max_prompt_len, 512)
   loop_c.max_response_len = min(loop_c.max_response_len, 32)
-  loop_c.ppo_mini_batch_size = 2 if loop_c.ppo_mini_batch_size else 0   # multi-step stays
-  loop_c.pack_len, loop_c.pack_min_rows = 0, jax.device_count()   # a packed row per device
+  loop_c.ppo_mini_batch_size = 2 if loop_c.ppo_mini_batch_size else 0  # multi-step stays
+  loop_c.pack_len, loop_c.pack_min_rows = 0, jax.device_count()  # a packed row per device
   c.rl.learner.micro_batch_rows, c.rl.learner.micro_batches = 0, 1
   c.rl.learner.compute_dtype = "float32"
   c.rl.learner.total_steps = steps

@@ -16,8 +16,9 @@ import jax.numpy as jnp
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
-def group_advantages(rewards_gn: jax.Array, normalize_std: bool = True,
-                     eps: float = 1e-6, ddof: int = 1) -> jax.Array:
+def group_advantages(
+  rewards_gn: jax.Array, normalize_std: bool = True, eps: float = 1e-6, ddof: int = 1
+) -> jax.Array:
   r"""Group-relative advantages.
 
   A_i = (r_i - mean_j r_j) / (std_j r_j + eps)   (GRPO)
@@ -56,9 +57,13 @@ def _per_sequence(x_bt: jax.Array, sequences_bt: jax.Array | None) -> jax.Array:
   return jax.ops.segment_sum(x_bt.ravel(), ids.ravel(), num_segments=b * t)
 
 
-def aggregate(per_token_bt: jax.Array, mask_bt: jax.Array, aggregation: str,
-              normalizer: jax.Array | float | None = None,
-              sequences_bt: jax.Array | None = None) -> jax.Array:
+def aggregate(
+  per_token_bt: jax.Array,
+  mask_bt: jax.Array,
+  aggregation: str,
+  normalizer: jax.Array | float | None = None,
+  sequences_bt: jax.Array | None = None,
+) -> jax.Array:
   r"""Reduces per-token terms to a scalar loss.
 
   token-mean:           sum_{b,t} l_bt m_bt / N_tok          (DAPO)
@@ -87,8 +92,9 @@ def aggregate(per_token_bt: jax.Array, mask_bt: jax.Array, aggregation: str,
   return total / jnp.maximum(n, 1)
 
 
-def loss_normalizer(mask_bt: jax.Array, aggregation: str,
-                    sequences_bt: jax.Array | None = None) -> jax.Array:
+def loss_normalizer(
+  mask_bt: jax.Array, aggregation: str, sequences_bt: jax.Array | None = None
+) -> jax.Array:
   """The N of `aggregate` for a whole batch: token count or non-empty sequence count."""
   mask = mask_bt.astype(bool)
   if aggregation == "token-mean":
@@ -96,8 +102,9 @@ def loss_normalizer(mask_bt: jax.Array, aggregation: str,
   return jnp.sum(_per_sequence(mask.astype(jnp.float32), sequences_bt) > 0).astype(jnp.float32)
 
 
-def clipped_surrogate(logp_bt, old_logp_bt, adv_b, eps_low: float, eps_high: float,
-                      dual_clip: float | None = None):
+def clipped_surrogate(
+  logp_bt, old_logp_bt, adv_b, eps_low: float, eps_high: float, dual_clip: float | None = None
+):
   r"""Per-token PPO/GRPO loss with clip-higher and optional dual-clip.
 
   adv_b: one advantage per row [B], or per token [B, T] (packed rows).
@@ -115,11 +122,19 @@ def clipped_surrogate(logp_bt, old_logp_bt, adv_b, eps_low: float, eps_high: flo
   return loss, ratio
 
 
-def policy_loss(logp_bt, old_logp_bt, adv, mask_bt, eps_low: float = 0.2,
-                eps_high: float = 0.28, dual_clip: float | None = None,
-                aggregation: str = "token-mean", normalizer=None,
-                is_weight_bt: jax.Array | None = None,
-                sequences_bt: jax.Array | None = None) -> tuple[jax.Array, dict[str, Any]]:
+def policy_loss(
+  logp_bt,
+  old_logp_bt,
+  adv,
+  mask_bt,
+  eps_low: float = 0.2,
+  eps_high: float = 0.28,
+  dual_clip: float | None = None,
+  aggregation: str = "token-mean",
+  normalizer=None,
+  is_weight_bt: jax.Array | None = None,
+  sequences_bt: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, Any]]:
   r"""Clipped surrogate (see `clipped_surrogate`), optionally importance-weighted
   per token (`is_weight_bt`, no gradient), reduced by `aggregate` (`sequences_bt`:
   packed rows' sequence ids).
@@ -136,12 +151,12 @@ def policy_loss(logp_bt, old_logp_bt, adv, mask_bt, eps_low: float = 0.2,
   a = by_token(adv)
   frac = lambda cond: masked_sum(cond.astype(jnp.float32), mask) / n
   aux = {
-      "clip_frac_low": frac((ratio < 1.0 - eps_low) & (a < 0)),
-      "clip_frac_high": frac((ratio > 1.0 + eps_high) & (a > 0)),
-      "dual_clip_frac": frac((ratio > (jnp.inf if dual_clip is None else dual_clip)) & (a < 0)),
-      "ratio_mean": masked_sum(ratio, mask) / n,
-      "ratio_max": jnp.max(jnp.where(mask, ratio, -jnp.inf)),
-      "ratio_min": jnp.min(jnp.where(mask, ratio, jnp.inf)),
+    "clip_frac_low": frac((ratio < 1.0 - eps_low) & (a < 0)),
+    "clip_frac_high": frac((ratio > 1.0 + eps_high) & (a > 0)),
+    "dual_clip_frac": frac((ratio > (jnp.inf if dual_clip is None else dual_clip)) & (a < 0)),
+    "ratio_mean": masked_sum(ratio, mask) / n,
+    "ratio_max": jnp.max(jnp.where(mask, ratio, -jnp.inf)),
+    "ratio_min": jnp.min(jnp.where(mask, ratio, jnp.inf)),
   }
   return loss, aux
 
@@ -185,15 +200,16 @@ def truncated_is_weight(old_logp_bt, sampler_logp_bt, mask_bt, cap: float = 2.0)
   mask = mask_bt.astype(bool)
   n = jnp.maximum(jnp.sum(mask), 1)
   metrics = {
-      "mismatch_abs": masked_sum(jnp.abs(diff), mask) / n,
-      "mismatch_kl": masked_sum(k3(diff), mask) / n,
-      "is_capped_frac": masked_sum((raw > cap).astype(jnp.float32), mask) / n,
+    "mismatch_abs": masked_sum(jnp.abs(diff), mask) / n,
+    "mismatch_kl": masked_sum(k3(diff), mask) / n,
+    "is_capped_frac": masked_sum((raw > cap).astype(jnp.float32), mask) / n,
   }
   return jax.lax.stop_gradient(w), metrics
 
 
-def token_logprobs_and_entropy(hidden_btd: jax.Array, head_dv: jax.Array, tokens_bt: jax.Array,
-                               chunk: int = 256, matmul=None) -> tuple[jax.Array, jax.Array]:
+def token_logprobs_and_entropy(
+  hidden_btd: jax.Array, head_dv: jax.Array, tokens_bt: jax.Array, chunk: int = 256, matmul=None
+) -> tuple[jax.Array, jax.Array]:
   r"""log p(tokens[t] | <t) and entropy of the next-token distribution, target-aligned.
 
   Works on the decoder's final hidden states in chunks of `chunk` positions,

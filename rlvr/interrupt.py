@@ -32,22 +32,28 @@ class GracefulStop:
     """`requested` on any process (multi-host: all stop after the same step, so the
     checkpoint they save together is one step; a collective, so every process calls it)."""
     import jax
+
     if jax.process_count() == 1:
       return self.requested
     import numpy as np
     from jax.experimental import multihost_utils
+
     signums = np.asarray(multihost_utils.process_allgather(np.int32(self.signum or 0)))
     if self.signum is None and signums.any():
-      self.signum = int(signums[signums > 0][0])   # stop as the signalled process does
+      self.signum = int(signums[signums > 0][0])  # stop as the signalled process does
     return bool(signums.any())
 
   def _handle(self, signum, frame):
     del frame
-    if self.signum is not None:   # a second signal: stop now
+    if self.signum is not None:  # a second signal: stop now
       raise KeyboardInterrupt(signum)
     self.signum = signum
-    print(f"\n{signal.Signals(signum).name}: finishing this {self.phase} step, then saving a "
-          "checkpoint (signal again to stop at once)", file=sys.stderr, flush=True)
+    print(
+      f"\n{signal.Signals(signum).name}: finishing this {self.phase} step, then saving a "
+      "checkpoint (signal again to stop at once)",
+      file=sys.stderr,
+      flush=True,
+    )
 
   def __enter__(self) -> GracefulStop:
     if threading.current_thread() is threading.main_thread():
@@ -60,6 +66,9 @@ class GracefulStop:
 
   def exit(self, where: str):
     """Prints where the run stopped and exits non-zero (128 + signal)."""
-    print(f"stopped by {signal.Signals(self.signum).name} {where}; rerun the same command to "
-          "resume", file=sys.stderr, flush=True)
+    print(
+      f"stopped by {signal.Signals(self.signum).name} {where}; rerun the same command to resume",
+      file=sys.stderr,
+      flush=True,
+    )
     raise SystemExit(128 + self.signum)

@@ -39,37 +39,37 @@ class LearnerConfig:
   docs/methods.md#grpo-settings)."""
 
   learning_rate: float = 1e-6
-  lr_schedule: str = "constant"          # "constant" | "cosine" (linear warmup, cosine decay)
+  lr_schedule: str = "constant"  # "constant" | "cosine" (linear warmup, cosine decay)
   warmup_steps: int = 0
-  total_steps: int = 1000                # cosine horizon
+  total_steps: int = 1000  # cosine horizon
   min_lr_ratio: float = 0.0
   weight_decay: float = 0.01
   b1: float = 0.9
   b2: float = 0.999
   adam_eps: float = 1e-8
-  grad_clip: float = 1.0                 # global-norm clip; <= 0 disables
+  grad_clip: float = 1.0  # global-norm clip; <= 0 disables
   eps_low: float = 0.2
   eps_high: float = 0.28
   dual_clip: float | None = 3.0
   aggregation: str = "token-mean"
-  kl_beta: float = 0.0                   # > 0 keeps a frozen reference model
+  kl_beta: float = 0.0  # > 0 keeps a frozen reference model
   kl_estimator: str = "k3"
   micro_batches: int = 1
-  micro_batch_rows: int = 0              # > 0: rows per micro-batch instead (the count then
-                                         # follows the batch, as packed batches vary in rows)
+  micro_batch_rows: int = 0  # > 0: rows per micro-batch instead (the count then
+  # follows the batch, as packed batches vary in rows)
   remat: bool = False
-  remat_policy: str = "nothing"          # with remat: "nothing" saved per layer, or "dots"
-  compute_dtype: str = "float32"         # params stay f32 (master); forward in this dtype
-  mask_truncated: bool = False           # drop length-truncated completions from the loss
-  normalize_all: bool = False            # loss normaliser counts masked truncated completions
-                                         # too (QbQ Eq. 2 divides by all m completions)
-  tis_cap: float | None = None           # truncated IS weight min(exp(old - sampler), C)
-  logits_chunk: int = 256                # positions per logits block in the loss
-  attention: str = "auto"                # "auto" (blockwise at long T), "dense", "blockwise",
-                                         # "cudnn" (GPU flash attention, right-padded rows)
-  scan_layers: bool = True               # False: layers unrolled (faster on CPU for small
-                                         # models, compile time grows with depth)
-  lora: LoraConfig = LoraConfig()        # rank > 0: train LoRA adapters on a frozen base
+  remat_policy: str = "nothing"  # with remat: "nothing" saved per layer, or "dots"
+  compute_dtype: str = "float32"  # params stay f32 (master); forward in this dtype
+  mask_truncated: bool = False  # drop length-truncated completions from the loss
+  normalize_all: bool = False  # loss normaliser counts masked truncated completions
+  # too (QbQ Eq. 2 divides by all m completions)
+  tis_cap: float | None = None  # truncated IS weight min(exp(old - sampler), C)
+  logits_chunk: int = 256  # positions per logits block in the loss
+  attention: str = "auto"  # "auto" (blockwise at long T), "dense", "blockwise",
+  # "cudnn" (GPU flash attention, right-padded rows)
+  scan_layers: bool = True  # False: layers unrolled (faster on CPU for small
+  # models, compile time grows with depth)
+  lora: LoraConfig = LoraConfig()  # rank > 0: train LoRA adapters on a frozen base
 
   def __post_init__(self):
     if not self.learning_rate > 0:
@@ -81,8 +81,9 @@ class LearnerConfig:
       if not 0 <= getattr(self, name) < 1:
         raise ValueError(f"{name}: must be in [0, 1), got {getattr(self, name)}")
     if not self.adam_eps > 0 or self.logits_chunk < 1:
-      raise ValueError(f"adam_eps / logits_chunk: must be > 0 / >= 1, got {self.adam_eps} / "
-                       f"{self.logits_chunk}")
+      raise ValueError(
+        f"adam_eps / logits_chunk: must be > 0 / >= 1, got {self.adam_eps} / {self.logits_chunk}"
+      )
     if self.lr_schedule not in ("constant", "cosine"):
       raise ValueError(f"lr_schedule: unknown {self.lr_schedule!r}; expected constant|cosine")
     if self.aggregation not in grpo.AGGREGATIONS:
@@ -90,16 +91,20 @@ class LearnerConfig:
     if self.kl_estimator not in ("k1", "k3"):
       raise ValueError(f"kl_estimator: unknown {self.kl_estimator!r}; expected k1|k3")
     if self.attention not in attention.IMPLEMENTATIONS:
-      raise ValueError(f"attention: unknown {self.attention!r}; "
-                       f"expected one of {attention.IMPLEMENTATIONS}")
+      raise ValueError(
+        f"attention: unknown {self.attention!r}; expected one of {attention.IMPLEMENTATIONS}"
+      )
     if self.remat_policy not in decoder.REMAT_POLICIES:
-      raise ValueError(f"remat_policy: unknown {self.remat_policy!r}; "
-                       f"expected one of {decoder.REMAT_POLICIES}")
+      raise ValueError(
+        f"remat_policy: unknown {self.remat_policy!r}; expected one of {decoder.REMAT_POLICIES}"
+      )
     if self.compute_dtype not in _DTYPES:
       raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; expected {list(_DTYPES)}")
     if self.micro_batches < 1 or self.micro_batch_rows < 0:
-      raise ValueError(f"micro_batches / micro_batch_rows: must be >= 1 / >= 0, got "
-                       f"{self.micro_batches} / {self.micro_batch_rows}")
+      raise ValueError(
+        f"micro_batches / micro_batch_rows: must be >= 1 / >= 0, got "
+        f"{self.micro_batches} / {self.micro_batch_rows}"
+      )
     if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
       raise ValueError(f"eps_low/eps_high: bad clip range {self.eps_low}/{self.eps_high}")
     if self.dual_clip is not None and self.dual_clip <= 1:
@@ -114,8 +119,10 @@ class LearnerConfig:
     if not self.micro_batch_rows:
       return self.micro_batches
     if rows % self.micro_batch_rows:
-      raise ValueError(f"micro_batch_rows: a batch of {rows} rows does not split into "
-                       f"micro-batches of {self.micro_batch_rows}")
+      raise ValueError(
+        f"micro_batch_rows: a batch of {rows} rows does not split into "
+        f"micro-batches of {self.micro_batch_rows}"
+      )
     return rows // self.micro_batch_rows
 
 
@@ -132,9 +139,9 @@ class TrainBatch:
   """
 
   tokens_bt: jax.Array
-  segment_bt: jax.Array          # sequence id within the row (1, 2, ...), 0 on padding
-  loss_mask_bt: jax.Array        # 1 on completion tokens in the loss
-  advantages_b: jax.Array        # [B], or [B, T] in a packed batch
+  segment_bt: jax.Array  # sequence id within the row (1, 2, ...), 0 on padding
+  loss_mask_bt: jax.Array  # 1 on completion tokens in the loss
+  advantages_b: jax.Array  # [B], or [B, T] in a packed batch
   old_logp_bt: jax.Array | None = None
   sampler_logp_bt: jax.Array | None = None
   truncated_b: jax.Array | None = None  # [B], or [B, T] in a packed batch
@@ -153,11 +160,11 @@ class TrainBatch:
 
 @flax.struct.dataclass
 class TrainState:
-  params: Any                    # f32 master weights
+  params: Any  # f32 master weights
   opt_state: Any
   step: jax.Array
   rng: jax.Array
-  ref_params: Any = None         # frozen reference model, only when kl_beta > 0
+  ref_params: Any = None  # frozen reference model, only when kl_beta > 0
 
 
 @flax.struct.dataclass
@@ -167,6 +174,7 @@ class LoraTrainState(TrainState):
   TrainState and its checkpoints keep their structure."""
 
   base: Any = None
+
 
 # fold_in streams of TrainState.rng (its per-step chain folds in step numbers).
 _LORA_INIT, _LORA_DROPOUT = 0x4C6F5241, 0x4C6F5244
@@ -185,14 +193,25 @@ def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
       return optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
     return optax.constant_schedule(cfg.learning_rate)
   return optax.warmup_cosine_decay_schedule(
-      0.0, cfg.learning_rate, max(cfg.warmup_steps, 1), max(cfg.total_steps, cfg.warmup_steps + 1),
-      end_value=cfg.learning_rate * cfg.min_lr_ratio)
+    0.0,
+    cfg.learning_rate,
+    max(cfg.warmup_steps, 1),
+    max(cfg.total_steps, cfg.warmup_steps + 1),
+    end_value=cfg.learning_rate * cfg.min_lr_ratio,
+  )
 
 
 def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
   parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-  parts.append(optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.adam_eps,
-                           weight_decay=cfg.weight_decay))
+  parts.append(
+    optax.adamw(
+      learning_rate_schedule(cfg),
+      b1=cfg.b1,
+      b2=cfg.b2,
+      eps=cfg.adam_eps,
+      weight_decay=cfg.weight_decay,
+    )
+  )
   return optax.chain(*parts)
 
 
@@ -207,10 +226,20 @@ def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None
   else:
     param_sh, shapes = model_sh, decoder.param_shapes(model_cfg)
   rep = sharding.replicated(mesh)
-  opt_sh = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, shapes), param_sh,
-                                 transform_non_params=lambda _: rep)
-  kw = dict(params=param_sh, opt_state=opt_sh, step=rep, rng=rep,
-            ref_params=model_sh if cfg.kl_beta > 0 else None)
+  opt_sh = optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    jax.eval_shape(tx.init, shapes),
+    param_sh,
+    transform_non_params=lambda _: rep,
+  )
+  kw = dict(
+    params=param_sh,
+    opt_state=opt_sh,
+    step=rep,
+    rng=rep,
+    ref_params=model_sh if cfg.kl_beta > 0 else None,
+  )
   return LoraTrainState(**kw, base=model_sh) if cfg.lora.rank else TrainState(**kw)
 
 
@@ -223,10 +252,21 @@ def new_state(params, rng, cfg: LearnerConfig) -> TrainState:
     ref = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
   if cfg.lora.rank:
     adapters = lora_lib.init_adapters(params, cfg.lora, jax.random.fold_in(rng, _LORA_INIT))
-    return LoraTrainState(params=adapters, opt_state=make_optimizer(cfg).init(adapters),
-                          step=jnp.zeros((), jnp.int32), rng=rng, ref_params=ref, base=params)
-  return TrainState(params=params, opt_state=make_optimizer(cfg).init(params),
-                    step=jnp.zeros((), jnp.int32), rng=rng, ref_params=ref)
+    return LoraTrainState(
+      params=adapters,
+      opt_state=make_optimizer(cfg).init(adapters),
+      step=jnp.zeros((), jnp.int32),
+      rng=rng,
+      ref_params=ref,
+      base=params,
+    )
+  return TrainState(
+    params=params,
+    opt_state=make_optimizer(cfg).init(params),
+    step=jnp.zeros((), jnp.int32),
+    rng=rng,
+    ref_params=ref,
+  )
 
 
 def reset_optimizer(state: TrainState) -> TrainState:
@@ -235,8 +275,9 @@ def reset_optimizer(state: TrainState) -> TrainState:
   return state.replace(opt_state=jax.tree.map(jnp.zeros_like, state.opt_state))
 
 
-def init_state(model_cfg: ModelConfig, cfg: LearnerConfig, params, mesh, rng=None,
-               rules=None) -> TrainState:
+def init_state(
+  model_cfg: ModelConfig, cfg: LearnerConfig, params, mesh, rng=None, rules=None
+) -> TrainState:
   """Places params (as f32 master) and fresh optimizer state on the mesh.
 
   rng: a raw uint32 key (`jax.random.PRNGKey`), which orbax checkpoints as is.
@@ -247,17 +288,25 @@ def init_state(model_cfg: ModelConfig, cfg: LearnerConfig, params, mesh, rng=Non
 
 
 # ------------------------------------------------------------------- the loss
-def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig,
-                      cfg: LearnerConfig):
+def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig):
   """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned."""
   p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
-  hidden = decoder.forward(p, batch.tokens_bt, config=model_cfg, segment_ids=batch.segment_bt,
-                           positions=batch.positions_bt, remat=cfg.remat, return_hidden=True,
-                           attention_impl=cfg.attention, remat_policy=cfg.remat_policy,
-                           scan_layers=cfg.scan_layers)
+  hidden = decoder.forward(
+    p,
+    batch.tokens_bt,
+    config=model_cfg,
+    segment_ids=batch.segment_bt,
+    positions=batch.positions_bt,
+    remat=cfg.remat,
+    return_hidden=True,
+    attention_impl=cfg.attention,
+    remat_policy=cfg.remat_policy,
+    scan_layers=cfg.scan_layers,
+  )
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
-  return grpo.token_logprobs_and_entropy(hidden, head, batch.tokens_bt, cfg.logits_chunk,
-                                         lowp.logits_matmul)
+  return grpo.token_logprobs_and_entropy(
+    hidden, head, batch.tokens_bt, cfg.logits_chunk, lowp.logits_matmul
+  )
 
 
 def completion_mask(batch: TrainBatch) -> jax.Array:
@@ -274,25 +323,40 @@ def loss_mask(batch: TrainBatch, cfg: LearnerConfig) -> jax.Array:
   return mask
 
 
-def micro_loss(params, ref_params, batch: TrainBatch, normalizer, model_cfg: ModelConfig,
-               cfg: LearnerConfig):
+def micro_loss(
+  params, ref_params, batch: TrainBatch, normalizer, model_cfg: ModelConfig, cfg: LearnerConfig
+):
   """Loss of one micro-batch (already divided by the whole batch's normaliser) and sums."""
   mask = loss_mask(batch, cfg)
   logp, entropy = sequence_logprobs(params, batch, model_cfg, cfg)
   old = jax.lax.stop_gradient(logp) if batch.old_logp_bt is None else batch.old_logp_bt
   tokens = jnp.sum(mask).astype(jnp.float32)
-  sums = {"tokens": tokens, "entropy": grpo.masked_sum(entropy, mask),
-          "logp": grpo.masked_sum(jax.lax.stop_gradient(logp), mask)}
+  sums = {
+    "tokens": tokens,
+    "entropy": grpo.masked_sum(entropy, mask),
+    "logp": grpo.masked_sum(jax.lax.stop_gradient(logp), mask),
+  }
   is_weight = None
   if batch.sampler_logp_bt is not None:
-    is_weight, mismatch = grpo.truncated_is_weight(old, batch.sampler_logp_bt, mask,
-                                                   cfg.tis_cap or jnp.inf)
+    is_weight, mismatch = grpo.truncated_is_weight(
+      old, batch.sampler_logp_bt, mask, cfg.tis_cap or jnp.inf
+    )
     sums.update({k: v * tokens for k, v in mismatch.items()})
     if cfg.tis_cap is None:
       is_weight = None
-  loss, aux = grpo.policy_loss(logp, old, batch.advantages_b, mask, cfg.eps_low, cfg.eps_high,
-                               cfg.dual_clip, cfg.aggregation, normalizer, is_weight,
-                               batch.sequences_bt)
+  loss, aux = grpo.policy_loss(
+    logp,
+    old,
+    batch.advantages_b,
+    mask,
+    cfg.eps_low,
+    cfg.eps_high,
+    cfg.dual_clip,
+    cfg.aggregation,
+    normalizer,
+    is_weight,
+    batch.sequences_bt,
+  )
   for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean"):
     sums[k] = aux[k] * tokens
   extrema = {"ratio_max": aux["ratio_max"], "ratio_min": aux["ratio_min"]}
@@ -302,22 +366,31 @@ def micro_loss(params, ref_params, batch: TrainBatch, normalizer, model_cfg: Mod
     ref_logp, _ = sequence_logprobs(ref_params, ref_batch, model_cfg, cfg)
     kl = grpo.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), cfg.kl_estimator)
     sums["kl"] = grpo.masked_sum(kl, mask)
-    loss = loss + cfg.kl_beta * grpo.aggregate(kl, mask, cfg.aggregation, normalizer,
-                                               batch.sequences_bt)
+    loss = loss + cfg.kl_beta * grpo.aggregate(
+      kl, mask, cfg.aggregation, normalizer, batch.sequences_bt
+    )
   return loss, (sums, extrema)
 
 
 def _split_micro(batch: TrainBatch, m: int) -> TrainBatch:
   """[B, ...] -> [m, B/m, ...], strided so each device's rows spread over micro-batches."""
+
   def split(x):
     if x.shape[0] % m:
       raise ValueError(f"batch size {x.shape[0]} not divisible by micro_batches={m}")
     return x.reshape((x.shape[0] // m, m) + x.shape[1:]).swapaxes(0, 1)
+
   return jax.tree.map(split, batch)
 
 
-def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
-               cfg: LearnerConfig, tx: optax.GradientTransformation):
+def train_step(
+  state: TrainState,
+  batch: TrainBatch,
+  *,
+  model_cfg: ModelConfig,
+  cfg: LearnerConfig,
+  tx: optax.GradientTransformation,
+):
   """One optimizer step on `batch` (pure; jitted by `make_update_fn`)."""
   counted = completion_mask(batch) if cfg.normalize_all else loss_mask(batch, cfg)
   normalizer = grpo.loss_normalizer(counted, cfg.aggregation, batch.sequences_bt)
@@ -328,24 +401,29 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
 
     def loss_fn(adapters, *args):
       return micro_loss(lora_lib.merge(state.base, adapters, cfg.lora, dropout_rng), *args)
+
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   micro = _split_micro(batch, cfg.micro_count(batch.tokens_bt.shape[0]))
 
   def body(carry, mb):
     grads_acc, sums_acc, ext_acc = carry
-    (loss, (sums, ext)), grads = grad_fn(state.params, state.ref_params, mb, normalizer,
-                                         model_cfg, cfg)
+    (loss, (sums, ext)), grads = grad_fn(
+      state.params, state.ref_params, mb, normalizer, model_cfg, cfg
+    )
     sums = dict(sums, loss=loss)
     grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
     sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
-    ext_acc = {"ratio_max": jnp.maximum(ext_acc["ratio_max"], ext["ratio_max"]),
-               "ratio_min": jnp.minimum(ext_acc["ratio_min"], ext["ratio_min"])}
+    ext_acc = {
+      "ratio_max": jnp.maximum(ext_acc["ratio_max"], ext["ratio_max"]),
+      "ratio_min": jnp.minimum(ext_acc["ratio_min"], ext["ratio_min"]),
+    }
     return (grads_acc, sums_acc, ext_acc), None
 
   zeros = jax.tree.map(jnp.zeros_like, state.params)
   first = jax.tree.map(lambda x: x[0], micro)
-  sums_shape = jax.eval_shape(lambda: loss_fn(state.params, state.ref_params, first,
-                                              normalizer, model_cfg, cfg)[1][0])
+  sums_shape = jax.eval_shape(
+    lambda: loss_fn(state.params, state.ref_params, first, normalizer, model_cfg, cfg)[1][0]
+  )
   sums0 = {k: jnp.zeros((), jnp.float32) for k in list(sums_shape) + ["loss"]}
   ext0 = {"ratio_max": jnp.array(-jnp.inf), "ratio_min": jnp.array(jnp.inf)}
   (grads, sums, ext), _ = jax.lax.scan(body, (zeros, sums0, ext0), micro)
@@ -355,10 +433,13 @@ def train_step(state: TrainState, batch: TrainBatch, *, model_cfg: ModelConfig,
   params = optax.apply_updates(state.params, updates)
   n_tok = jnp.maximum(sums.pop("tokens"), 1.0)
   metrics = {k: (v if k in ("loss", "pg_loss") else v / n_tok) for k, v in sums.items()}
-  metrics.update(ext, grad_norm=grad_norm, tokens=n_tok,
-                 lr=learning_rate_schedule(cfg)(state.step))
-  new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1,
-                            rng=jax.random.fold_in(state.rng, state.step))
+  metrics.update(ext, grad_norm=grad_norm, tokens=n_tok, lr=learning_rate_schedule(cfg)(state.step))
+  new_state = state.replace(
+    params=params,
+    opt_state=opt_state,
+    step=state.step + 1,
+    rng=jax.random.fold_in(state.rng, state.step),
+  )
   return new_state, metrics
 
 
@@ -369,8 +450,12 @@ def jit_train_step(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, batch, rule
   state_sh = state_shardings(model_cfg, cfg, mesh, rules)
   batch_sh = jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim, rules), batch)
   step = functools.partial(train_step, model_cfg=model_cfg, cfg=cfg, tx=make_optimizer(cfg))
-  return jax.jit(step, in_shardings=(state_sh, batch_sh),
-                 out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
+  return jax.jit(
+    step,
+    in_shardings=(state_sh, batch_sh),
+    out_shardings=(state_sh, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
 
 
 def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
@@ -393,7 +478,7 @@ def batch_logprobs(params, batch: TrainBatch, *, model_cfg: ModelConfig, cfg: Le
   a training micro-batch."""
   micro = _split_micro(batch, cfg.micro_count(batch.tokens_bt.shape[0]))
   logp = jax.lax.map(lambda mb: sequence_logprobs(params, mb, model_cfg, cfg)[0], micro)
-  return logp.swapaxes(0, 1).reshape(batch.tokens_bt.shape)   # undo the strided split
+  return logp.swapaxes(0, 1).reshape(batch.tokens_bt.shape)  # undo the strided split
 
 
 def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig):

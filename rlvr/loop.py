@@ -28,34 +28,39 @@ class NoSignalError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-  prompts_per_step: int = 32        # groups in one update
-  group_size: int = 8               # G responses per prompt
+  prompts_per_step: int = 32  # groups in one update
+  group_size: int = 8  # G responses per prompt
   max_prompt_len: int = 128
   max_response_len: int = 64
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = 0
-  repetition_penalty: float = 1.0   # vLLM / HF semantics; 1 = off
-  dynamic_sampling: bool = True     # keep only groups with 0 < acc < 1
-  max_extra_rounds: int = 3         # bounded over-sampling rounds per step
-  oversample: float = 2.0           # extra prompts per missing group in later rounds
-  normalize_std: bool = True        # False: Dr.GRPO advantages
-  adv_std_ddof: int = 1             # group std as verl / TRL take it (torch.std); 0: population
-  ppo_mini_batch_size: int = 0      # groups (prompts) per optimizer step, as verl's
-                                    # ppo_mini_batch_size; 0: the whole buffer in one step
-  ppo_epochs: int = 1               # passes over a buffer's mini-batches
-  old_logp: str = "learner"         # old policy of a multi-step update: "learner" (recomputed
-                                    # once per rollout batch, as verl) or "sampler" (its logprobs)
-  pack: bool = False                # the update packs several sequences per row (verl's
-                                    # remove-padding, TRL's padding-free)
-  pack_len: int = 0                 # packed row length (0: seq_len, the longest sequence)
-  pack_min_rows: int = 8            # packed row counts: powers of two >= this (a multiple of
-                                    # data-parallel devices x learner micro-batch rows)
+  repetition_penalty: float = 1.0  # vLLM / HF semantics; 1 = off
+  dynamic_sampling: bool = True  # keep only groups with 0 < acc < 1
+  max_extra_rounds: int = 3  # bounded over-sampling rounds per step
+  oversample: float = 2.0  # extra prompts per missing group in later rounds
+  normalize_std: bool = True  # False: Dr.GRPO advantages
+  adv_std_ddof: int = 1  # group std as verl / TRL take it (torch.std); 0: population
+  ppo_mini_batch_size: int = 0  # groups (prompts) per optimizer step, as verl's
+  # ppo_mini_batch_size; 0: the whole buffer in one step
+  ppo_epochs: int = 1  # passes over a buffer's mini-batches
+  old_logp: str = "learner"  # old policy of a multi-step update: "learner" (recomputed
+  # once per rollout batch, as verl) or "sampler" (its logprobs)
+  pack: bool = False  # the update packs several sequences per row (verl's
+  # remove-padding, TRL's padding-free)
+  pack_len: int = 0  # packed row length (0: seq_len, the longest sequence)
+  pack_min_rows: int = 8  # packed row counts: powers of two >= this (a multiple of
+  # data-parallel devices x learner micro-batch rows)
   seed: int = 0
 
   def __post_init__(self):
-    for name in ("prompts_per_step", "group_size", "max_prompt_len", "max_response_len",
-                 "ppo_epochs"):
+    for name in (
+      "prompts_per_step",
+      "group_size",
+      "max_prompt_len",
+      "max_response_len",
+      "ppo_epochs",
+    ):
       if getattr(self, name) < 1:
         raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
     if self.group_size < 2:
@@ -67,13 +72,15 @@ class RLConfig:
     if not self.repetition_penalty > 0:
       raise ValueError(f"repetition_penalty: must be > 0 (1 = off), got {self.repetition_penalty}")
     if self.ppo_mini_batch_size < 0:
-      raise ValueError(f"ppo_mini_batch_size: must be >= 0 (0 = whole buffer), "
-                       f"got {self.ppo_mini_batch_size}")
+      raise ValueError(
+        f"ppo_mini_batch_size: must be >= 0 (0 = whole buffer), got {self.ppo_mini_batch_size}"
+      )
     if self.old_logp not in ("learner", "sampler"):
       raise ValueError(f"old_logp: unknown {self.old_logp!r}; expected learner|sampler")
     if self.pack_len < 0 or self.pack_min_rows < 1:
-      raise ValueError(f"pack_len / pack_min_rows: must be >= 0 / >= 1, got {self.pack_len} / "
-                       f"{self.pack_min_rows}")
+      raise ValueError(
+        f"pack_len / pack_min_rows: must be >= 0 / >= 1, got {self.pack_len} / {self.pack_min_rows}"
+      )
 
   @property
   def rows(self) -> int:
@@ -90,9 +97,15 @@ class RLConfig:
     return -(-total // 16) * 16
 
   def sampling_params(self, seed: int) -> SamplingParams:
-    return SamplingParams(n=self.group_size, temperature=self.temperature, top_p=self.top_p,
-                          top_k=self.top_k, repetition_penalty=self.repetition_penalty,
-                          max_tokens=self.max_response_len, seed=seed)
+    return SamplingParams(
+      n=self.group_size,
+      temperature=self.temperature,
+      top_p=self.top_p,
+      top_k=self.top_k,
+      repetition_penalty=self.repetition_penalty,
+      max_tokens=self.max_response_len,
+      seed=seed,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +129,8 @@ class Group:
 
   prompt: Prompt
   completions: list[Completion]
-  rewards: np.ndarray    # [G] float
-  correct: np.ndarray    # [G] bool
+  rewards: np.ndarray  # [G] float
+  correct: np.ndarray  # [G] bool
 
   @property
   def mixed(self) -> bool:
@@ -130,8 +143,13 @@ ScoreFn = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray]]
 GenerateFn = Callable[[list[Sequence[int]], SamplingParams], list[list[Completion]]]
 
 
-def rollout(generate: GenerateFn, score_fn: ScoreFn, prompts: Sequence[Prompt],
-            sp: SamplingParams, shape: Callable | None = None) -> list[Group]:
+def rollout(
+  generate: GenerateFn,
+  score_fn: ScoreFn,
+  prompts: Sequence[Prompt],
+  sp: SamplingParams,
+  shape: Callable | None = None,
+) -> list[Group]:
   """Samples sp.n responses per prompt (one generate call) and scores them.
 
   shape(completions, rewards) -> rewards adds shaping terms to the verifier's.
@@ -149,7 +167,7 @@ def rollout(generate: GenerateFn, score_fn: ScoreFn, prompts: Sequence[Prompt],
 
 def step_seed(seed: int, step: int, round_: int) -> int:
   """Sampling seed of one generation round, stable across restarts."""
-  return (seed * 1_000_003 + step * 1009 + round_ * 7919) % (2 ** 31)
+  return (seed * 1_000_003 + step * 1009 + round_ * 7919) % (2**31)
 
 
 class StepEnv:
@@ -163,11 +181,19 @@ class StepEnv:
   only): diagnostics, never a training signal.
   """
 
-  def __init__(self, sampler: Sampler, score_fn: ScoreFn, *, rl: RLConfig, pad_id: int,
-               encode: Callable[[str], list[int]], encode_task: Callable[[str], list[int]],
-               answer_of: Callable[[str], str | None] | None = None,
-               shaping_cfg: shaping.ShapingConfig | None = None,
-               well_formed: Callable[[str], bool] | None = None):
+  def __init__(
+    self,
+    sampler: Sampler,
+    score_fn: ScoreFn,
+    *,
+    rl: RLConfig,
+    pad_id: int,
+    encode: Callable[[str], list[int]],
+    encode_task: Callable[[str], list[int]],
+    answer_of: Callable[[str], str | None] | None = None,
+    shaping_cfg: shaping.ShapingConfig | None = None,
+    well_formed: Callable[[str], bool] | None = None,
+  ):
     self.sampler, self.rl, self.pad_id = sampler, rl, pad_id
     self._score_fn = score_fn
     self.encode, self.encode_task, self.answer_of = encode, encode_task, answer_of
@@ -185,8 +211,7 @@ class StepEnv:
     self.shaped = 0
     self.reported: tuple[list[Group], list[Group], int] | None = None
 
-  def report_rollouts(self, sampled: Sequence[Group], kept: Sequence[Group],
-                      rounds: int) -> None:
+  def report_rollouts(self, sampled: Sequence[Group], kept: Sequence[Group], rounds: int) -> None:
     """Names the rollouts the step's metrics describe (`rollout_metrics`): the groups
     sampled for the update, those kept, and the sampling rounds. `gather_groups`
     reports its own; a method that builds its buffer otherwise reports what it kept
@@ -218,14 +243,23 @@ class StepEnv:
     prompts = self.fits(prompts)
     if not prompts:
       return []
-    return rollout(self.generate, self.score, prompts, sp,
-                   shape=self._shape if self.shaping is not None else None)
+    return rollout(
+      self.generate,
+      self.score,
+      prompts,
+      sp,
+      shape=self._shape if self.shaping is not None else None,
+    )
 
   def _shape(self, completions, rewards):
-    wf = ([self.well_formed(c.text) for c in completions] if self.shaping.format_bonus
-          else [False] * len(completions))
-    shaped, terms = shaping.shape(rewards, [len(c.token_ids) for c in completions], wf,
-                                  self.shaping, self.rl.max_response_len)
+    wf = (
+      [self.well_formed(c.text) for c in completions]
+      if self.shaping.format_bonus
+      else [False] * len(completions)
+    )
+    shaped, terms = shaping.shape(
+      rewards, [len(c.token_ids) for c in completions], wf, self.shaping, self.rl.max_response_len
+    )
     for k, v in terms.items():
       self.shaping_sums[k] = self.shaping_sums.get(k, 0.0) + float(np.sum(v))
     self.shaped += len(completions)
@@ -262,27 +296,32 @@ def gather_groups(env: StepEnv, draw: Callable[[int], list[Prompt]], step: int):
       env.report_rollouts(sampled, kept, round_ + 1)
       return kept, sampled, round_ + 1
   if not sampled:
-    raise NoSignalError(f"step {step}: every drawn prompt is longer than max_prompt_len "
-                        f"({cfg.max_prompt_len} tokens); raise rl.loop.max_prompt_len")
+    raise NoSignalError(
+      f"step {step}: every drawn prompt is longer than max_prompt_len "
+      f"({cfg.max_prompt_len} tokens); raise rl.loop.max_prompt_len"
+    )
   if not kept:
     stats = metrics_lib.group_stats(np.stack([g.correct for g in sampled]))
     raise NoSignalError(
-        f"step {step}: no group with mixed rewards in {len(sampled)} prompts over "
-        f"{cfg.max_extra_rounds + 1} rounds (solve_all {stats['solve_all']:.0%}, "
-        f"solve_none {stats['solve_none']:.0%}); the data is too easy or too hard for "
-        "the policy, or raise max_extra_rounds")
+      f"step {step}: no group with mixed rewards in {len(sampled)} prompts over "
+      f"{cfg.max_extra_rounds + 1} rounds (solve_all {stats['solve_all']:.0%}, "
+      f"solve_none {stats['solve_none']:.0%}); the data is too easy or too hard for "
+      "the policy, or raise max_extra_rounds"
+    )
   env.report_rollouts(sampled, kept, cfg.max_extra_rounds + 1)
   return kept, sampled, cfg.max_extra_rounds + 1
 
 
-def rollout_metrics(sampled: Sequence[Group], kept: Sequence[Group], rounds: int,
-                    cfg: RLConfig) -> dict[str, float]:
+def rollout_metrics(
+  sampled: Sequence[Group], kept: Sequence[Group], rounds: int, cfg: RLConfig
+) -> dict[str, float]:
   """Accuracy, solve rates, lengths and batch fill of one step's rollouts."""
   correct = np.stack([g.correct for g in sampled])
   lengths = np.array([len(c.token_ids) for g in sampled for c in g.completions])
   trunc = np.array([c.finish_reason == "length" for g in sampled for c in g.completions])
   out = metrics_lib.group_stats(correct)
-  out.update({
+  out.update(
+    {
       "reward_mean": float(np.mean([g.rewards.mean() for g in sampled])),
       "response_len_mean": float(lengths.mean()),
       "response_len_max": int(lengths.max()),
@@ -291,12 +330,14 @@ def rollout_metrics(sampled: Sequence[Group], kept: Sequence[Group], rounds: int
       "batch_fill": len(kept) / cfg.prompts_per_step,
       "prompts_sampled": len(sampled),
       "sample_rounds": rounds,
-  })
+    }
+  )
   return out
 
 
-def rl_step(state, update_fn, method, env: StepEnv, step: int, to_batch: Callable[[dict], Any],
-            logp_fn=None):
+def rl_step(
+  state, update_fn, method, env: StepEnv, step: int, to_batch: Callable[[dict], Any], logp_fn=None
+):
   """One RL step of any method (`rlvr.methods.base.Method`). Returns (new state, metrics).
 
   method.buffer(env, step) -> (groups, metrics) builds the update's data; the
@@ -319,19 +360,25 @@ def rl_step(state, update_fn, method, env: StepEnv, step: int, to_batch: Callabl
     m["optimizer_reset"] = 1
   t_buffer = time.perf_counter()
   if groups:
-    state, learner_metrics = ppo.update_on_buffer(state, update_fn, logp_fn, groups, env.rl,
-                                                  env.pad_id, to_batch, step)
+    state, learner_metrics = ppo.update_on_buffer(
+      state, update_fn, logp_fn, groups, env.rl, env.pad_id, to_batch, step
+    )
     m.update(learner_metrics)
   t_update = time.perf_counter()
   env.sampler.update_weights(state.params, version=step + 1)
   end = time.perf_counter()
-  m.update({
+  m.update(
+    {
       "skipped_update": int(not groups),
       "prompts_too_long": env.prompts_too_long,
       **{k: v / max(env.shaped, 1) for k, v in env.shaping_sums.items()},
-      "time_sample": env.time_sample, "time_score": env.time_score,
-      "time_buffer": t_buffer - t0, "time_update": t_update - t_buffer,
-      "time_sync": end - t_update, "time_step": end - t0,
+      "time_sample": env.time_sample,
+      "time_score": env.time_score,
+      "time_buffer": t_buffer - t0,
+      "time_update": t_update - t_buffer,
+      "time_sync": end - t_update,
+      "time_step": end - t0,
       "tokens_per_s": env.generated_tokens / (end - t0),
-  })
+    }
+  )
   return state, m

@@ -46,10 +46,26 @@ from rlvr.model import decoder
 from rlvr.model.config import ModelConfig
 
 # Parameter name -> how many of its dims (after "layers") are the input dims.
-IN_DIMS = {"q_kernel": 1, "k_kernel": 1, "v_kernel": 1, "o_kernel": 2, "gate_kernel": 1,
-           "up_kernel": 1, "down_kernel": 1, "lm_head": 1, "embedding": 1}
-ALL_LINEAR = ("q_kernel", "k_kernel", "v_kernel", "o_kernel", "gate_kernel", "up_kernel",
-              "down_kernel")
+IN_DIMS = {
+  "q_kernel": 1,
+  "k_kernel": 1,
+  "v_kernel": 1,
+  "o_kernel": 2,
+  "gate_kernel": 1,
+  "up_kernel": 1,
+  "down_kernel": 1,
+  "lm_head": 1,
+  "embedding": 1,
+}
+ALL_LINEAR = (
+  "q_kernel",
+  "k_kernel",
+  "v_kernel",
+  "o_kernel",
+  "gate_kernel",
+  "up_kernel",
+  "down_kernel",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +76,7 @@ class LoraConfig:
   rank: int = 0
   alpha: float = 64.0
   dropout: float = 0.05
-  targets: tuple[str, ...] = ALL_LINEAR   # fnmatch patterns over IN_DIMS' names
+  targets: tuple[str, ...] = ALL_LINEAR  # fnmatch patterns over IN_DIMS' names
 
   def __post_init__(self):
     if isinstance(self.targets, str):
@@ -76,8 +92,9 @@ class LoraConfig:
       raise ValueError("targets: empty; name at least one kernel")
     for pattern in self.targets:
       if not any(fnmatch.fnmatchcase(n, pattern) for n in IN_DIMS):
-        raise ValueError(f"targets: {pattern!r} matches no adaptable parameter; "
-                         f"known: {sorted(IN_DIMS)}")
+        raise ValueError(
+          f"targets: {pattern!r} matches no adaptable parameter; known: {sorted(IN_DIMS)}"
+        )
 
   @property
   def scale(self) -> float:
@@ -96,8 +113,9 @@ def _targeted(params, cfg: LoraConfig) -> list[tuple[str, ...]]:
   for pattern in cfg.targets:
     hits = [p for p in paths if p[-1] in IN_DIMS and fnmatch.fnmatchcase(p[-1], pattern)]
     if not hits:
-      raise ValueError(f"targets: {pattern!r} matches no parameter of this model "
-                       f"(e.g. lm_head of a tied model)")
+      raise ValueError(
+        f"targets: {pattern!r} matches no parameter of this model (e.g. lm_head of a tied model)"
+      )
     chosen += [p for p in hits if p not in chosen]
   return sorted(chosen)
 
@@ -109,11 +127,13 @@ def init_adapters(params, cfg: LoraConfig, rng: jax.Array):
   for i, path in enumerate(_targeted(params, cfg)):
     shape = flat[path].shape
     lead, n_in = _layout(path)
-    bound = 1.0 / math.sqrt(math.prod(shape[lead:lead + n_in]))
+    bound = 1.0 / math.sqrt(math.prod(shape[lead : lead + n_in]))
     out[path + ("lora_a",)] = jax.random.uniform(
-        jax.random.fold_in(rng, i), shape[:lead + n_in] + (cfg.rank,), jnp.float32, -bound, bound)
-    out[path + ("lora_b",)] = jnp.zeros(shape[:lead] + (cfg.rank,) + shape[lead + n_in:],
-                                        jnp.float32)
+      jax.random.fold_in(rng, i), shape[: lead + n_in] + (cfg.rank,), jnp.float32, -bound, bound
+    )
+    out[path + ("lora_b",)] = jnp.zeros(
+      shape[:lead] + (cfg.rank,) + shape[lead + n_in :], jnp.float32
+    )
   return traverse_util.unflatten_dict(out)
 
 
@@ -124,7 +144,7 @@ def delta(a: jax.Array, b: jax.Array, lead: int, scale: float) -> jax.Array:
   a2 = a.reshape(batch + (-1, r))
   b2 = b.reshape(batch + (r, -1))
   d = jnp.matmul(a2, b2, precision=jax.lax.Precision.HIGHEST) * scale
-  return d.reshape(a.shape[:-1] + b.shape[lead + 1:])
+  return d.reshape(a.shape[:-1] + b.shape[lead + 1 :])
 
 
 def merge(params, adapters, cfg: LoraConfig, dropout_rng: jax.Array | None = None):
@@ -139,8 +159,7 @@ def merge(params, adapters, cfg: LoraConfig, dropout_rng: jax.Array | None = Non
     a, b = ad[path + ("lora_a",)], ad[path + ("lora_b",)]
     lead, _ = _layout(path)
     if dropout_rng is not None and cfg.dropout > 0:
-      keep = jax.random.bernoulli(jax.random.fold_in(dropout_rng, i), 1 - cfg.dropout,
-                                  a.shape[:-1])
+      keep = jax.random.bernoulli(jax.random.fold_in(dropout_rng, i), 1 - cfg.dropout, a.shape[:-1])
       a = a * (keep[..., None] / (1 - cfg.dropout)).astype(a.dtype)
     w = flat[path]
     flat[path] = (w.astype(jnp.float32) + delta(a, b, lead, cfg.scale)).astype(w.dtype)
@@ -150,8 +169,9 @@ def merge(params, adapters, cfg: LoraConfig, dropout_rng: jax.Array | None = Non
 # ------------------------------------------------------------------ shardings
 def adapter_shapes(model_cfg: ModelConfig, cfg: LoraConfig):
   """ShapeDtypeStruct pytree of the adapters, without allocating them."""
-  return jax.eval_shape(lambda: init_adapters(decoder.param_shapes(model_cfg), cfg,
-                                              jax.random.PRNGKey(0)))
+  return jax.eval_shape(
+    lambda: init_adapters(decoder.param_shapes(model_cfg), cfg, jax.random.PRNGKey(0))
+  )
 
 
 def logical_axes(model_cfg: ModelConfig, cfg: LoraConfig):
@@ -163,13 +183,14 @@ def logical_axes(model_cfg: ModelConfig, cfg: LoraConfig):
     names = tuple(kernel_axes[kernel])
     lead, n_in = _layout(kernel)
     if path[-1] == "lora_a":
-      out[path] = PartitionSpec(*names[:lead + n_in], None)
+      out[path] = PartitionSpec(*names[: lead + n_in], None)
     else:
-      out[path] = PartitionSpec(*names[:lead], None, *names[lead + n_in:])
+      out[path] = PartitionSpec(*names[:lead], None, *names[lead + n_in :])
   return traverse_util.unflatten_dict(out)
 
 
 def shardings(model_cfg: ModelConfig, cfg: LoraConfig, mesh, rules=None):
   """NamedSharding pytree of the adapters under the logical `rules`."""
-  return sharding.tree_shardings(logical_axes(model_cfg, cfg), adapter_shapes(model_cfg, cfg),
-                                 mesh, rules)
+  return sharding.tree_shardings(
+    logical_axes(model_cfg, cfg), adapter_shapes(model_cfg, cfg), mesh, rules
+  )

@@ -29,14 +29,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def ks_up_to(n: int) -> list[int]:
   """1, 2, 4, ... <= n."""
-  return [2 ** i for i in range(int(math.log2(n)) + 1)] if n >= 1 else []
+  return [2**i for i in range(int(math.log2(n)) + 1)] if n >= 1 else []
 
 
 def group_stats(correct_gn: np.ndarray) -> dict[str, float]:
   """Accuracy, solve_all and solve_none rates of [groups, n] correctness."""
   acc = correct_gn.mean(axis=1)
-  return {"accuracy": float(acc.mean()), "solve_all": float((acc == 1).mean()),
-          "solve_none": float((acc == 0).mean())}
+  return {
+    "accuracy": float(acc.mean()),
+    "solve_all": float((acc == 1).mean()),
+    "solve_none": float((acc == 0).mean()),
+  }
 
 
 class MetricsWriter:
@@ -46,10 +49,15 @@ class MetricsWriter:
   so the file stays one row per step.
   """
 
-  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = True,
-               enabled: bool = True):
+  def __init__(
+    self,
+    workdir: str,
+    resume_step: int | None = None,
+    tensorboard: bool = True,
+    enabled: bool = True,
+  ):
     self.enabled = enabled
-    if not enabled:   # multi-host: the processes other than 0 write nothing
+    if not enabled:  # multi-host: the processes other than 0 write nothing
       return
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
@@ -62,6 +70,7 @@ class MetricsWriter:
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter
+
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
       except ImportError:  # optional: jsonl and plots still work
         self._tb = None
@@ -95,7 +104,7 @@ def _jsonable(v):
   return v
 
 
-read_jsonl = fileio.read_jsonl   # metrics.jsonl rows
+read_jsonl = fileio.read_jsonl  # metrics.jsonl rows
 
 
 def _running_mean(values, window: int):
@@ -113,8 +122,8 @@ class Panel:
   """A plot key drawing several series of one quantity on one panel, with a legend."""
 
   title: str
-  unit: str                             # the y-axis label
-  series: tuple[tuple[str, str], ...]   # (metric key, legend label)
+  unit: str  # the y-axis label
+  series: tuple[tuple[str, str], ...]  # (metric key, legend label)
 
 
 # A plot key: held-out pass@1 of every eval set, from the before-RL evaluation (step 0), the
@@ -123,28 +132,28 @@ HELDOUT = "*_pass@1"
 
 # Metric key -> (panel title, y-axis label).
 LABELS: dict[str, tuple[str, str]] = {
-    HELDOUT: ("Held-out pass@1", "fraction of problems solved (1 sample)"),
-    "accuracy": ("Training accuracy", "fraction of responses correct"),
-    "reward_mean": ("Mean training reward", "reward per response"),
-    "entropy": ("Policy entropy", "nats per token"),
-    "solve_all": ("Training groups all correct", "fraction of groups"),
-    "solve_none": ("Training groups none correct", "fraction of groups"),
-    "response_len_mean": ("Mean response length", "tokens"),
-    "response_len_max": ("Longest response", "tokens"),
-    "truncated_frac": ("Responses cut at the length limit", "fraction of responses"),
-    "groups_kept": ("Groups in the update", "groups"),
-    "optimizer_steps": ("Optimizer steps per RL step", "steps"),
-    "kl_first_last": ("KL from the step's first policy to its last", "nats per token (k3)"),
-    "grad_norm": ("Gradient norm", "global L2 norm"),
-    "lr": ("Learning rate", "learning rate"),
-    "loss": ("Policy loss", "loss"),
-    "shaping_overlong": ("Overlong-response penalty", "mean reward term per response"),
-    "shaping_format": ("Format bonus", "mean reward term per response"),
-    "depth": ("Composition depth trained on", "problems per composed problem"),
-    "svs_underperforming": ("Underperforming problems", "problems"),
-    "synthetic_accuracy": ("Accuracy on synthetic problems", "fraction of responses correct"),
-    "qbq_round": ("QbQ round", "round"),
-    "qbq_vendi": ("Diversity of accepted variants", "Vendi score (trigrams)"),
+  HELDOUT: ("Held-out pass@1", "fraction of problems solved (1 sample)"),
+  "accuracy": ("Training accuracy", "fraction of responses correct"),
+  "reward_mean": ("Mean training reward", "reward per response"),
+  "entropy": ("Policy entropy", "nats per token"),
+  "solve_all": ("Training groups all correct", "fraction of groups"),
+  "solve_none": ("Training groups none correct", "fraction of groups"),
+  "response_len_mean": ("Mean response length", "tokens"),
+  "response_len_max": ("Longest response", "tokens"),
+  "truncated_frac": ("Responses cut at the length limit", "fraction of responses"),
+  "groups_kept": ("Groups in the update", "groups"),
+  "optimizer_steps": ("Optimizer steps per RL step", "steps"),
+  "kl_first_last": ("KL from the step's first policy to its last", "nats per token (k3)"),
+  "grad_norm": ("Gradient norm", "global L2 norm"),
+  "lr": ("Learning rate", "learning rate"),
+  "loss": ("Policy loss", "loss"),
+  "shaping_overlong": ("Overlong-response penalty", "mean reward term per response"),
+  "shaping_format": ("Format bonus", "mean reward term per response"),
+  "depth": ("Composition depth trained on", "problems per composed problem"),
+  "svs_underperforming": ("Underperforming problems", "problems"),
+  "synthetic_accuracy": ("Accuracy on synthetic problems", "fraction of responses correct"),
+  "qbq_round": ("QbQ round", "round"),
+  "qbq_vendi": ("Diversity of accepted variants", "Vendi score (trigrams)"),
 }
 
 
@@ -153,7 +162,7 @@ def label(key: str) -> tuple[str, str]:
   if key in LABELS:
     return LABELS[key]
   if key.startswith("time_"):
-    return f"Time per RL step: {key[len('time_'):].replace('_', ' ')}", "seconds"
+    return f"Time per RL step: {key[len('time_') :].replace('_', ' ')}", "seconds"
   words = key.replace("_", " ")
   return words[:1].upper() + words[1:], ""
 
@@ -162,8 +171,8 @@ def label(key: str) -> tuple[str, str]:
 class _Series:
   key: str
   label: str
-  pts: list                                 # (step, value)
-  same: list = dataclasses.field(default_factory=list)   # dropped keys with these values
+  pts: list  # (step, value)
+  same: list = dataclasses.field(default_factory=list)  # dropped keys with these values
 
   def varies(self) -> bool:
     return len({v for _, v in self.pts}) > 1
@@ -173,16 +182,20 @@ class _Series:
 
 
 def _points(rows, key: str) -> list:
-  return [(r["step"], r[key]) for r in rows if r.get(key) is not None
-          and not (isinstance(r[key], float) and math.isnan(r[key]))]
+  return [
+    (r["step"], r[key])
+    for r in rows
+    if r.get(key) is not None and not (isinstance(r[key], float) and math.isnan(r[key]))
+  ]
 
 
 def _heldout(rows, before, after) -> list[_Series]:
   """pass@1 per eval set at RL steps done: 0 (before RL), each eval row, the end (after RL)."""
   before, after = before or {}, after or {}
   suffix = "_pass@1"
-  names = set(before) | set(after) | {k[:-len(suffix)] for r in rows for k in r
-                                      if k.endswith(suffix)}
+  names = (
+    set(before) | set(after) | {k[: -len(suffix)] for r in rows for k in r if k.endswith(suffix)}
+  )
   end = max((r["step"] + 1 for r in rows), default=0)
   out = []
   for name in sorted(names):
@@ -232,13 +245,18 @@ def _draw(ax, series: _Series, n_rows: int) -> int:
   """One series on `ax`: sparse ones as a line with markers, per-step ones as faint
   points under a running mean; returns the running mean's window (0 for none)."""
   steps, values = zip(*series.pts)
-  if len(series.pts) < n_rows / 2:   # sparse: evaluations every N steps
+  if len(series.pts) < n_rows / 2:  # sparse: evaluations every N steps
     ax.plot(steps, values, marker="o", lw=1.2, label=series.legend())
     return 0
   window = max(3, len(series.pts) // 15)
-  line, = ax.plot(steps, values, ".", alpha=0.3, ms=3)
-  ax.plot(steps, _running_mean(list(values), window), color=line.get_color(), lw=1.5,
-          label=series.legend())
+  (line,) = ax.plot(steps, values, ".", alpha=0.3, ms=3)
+  ax.plot(
+    steps,
+    _running_mean(list(values), window),
+    color=line.get_color(),
+    lw=1.5,
+    label=series.legend(),
+  )
   return window
 
 
@@ -248,16 +266,27 @@ def _draw_heldout(ax, series: _Series, before: bool, after: bool) -> None:
   ax.plot(steps, values, marker="o", lw=1.2, label=series.legend())
   ends = [(0, "before RL", "left")] * before + [(len(steps) - 1, "after RL", "right")] * after
   for i, text, align in ends:
-    ax.annotate(f"{text}: {values[i]:.3f}", (steps[i], values[i]), fontsize=7,
-                textcoords="offset points", xytext=(0, 6), ha=align)
+    ax.annotate(
+      f"{text}: {values[i]:.3f}",
+      (steps[i], values[i]),
+      fontsize=7,
+      textcoords="offset points",
+      xytext=(0, 6),
+      ha=align,
+    )
 
 
-def metrics_figure(rows: Iterable[Mapping[str, Any]], keys: Iterable[str | Panel],
-                   title: str = "", marks: Iterable[float] = (),
-                   before: Mapping[str, Mapping[str, float]] | None = None,
-                   after: Mapping[str, Mapping[str, float]] | None = None):
+def metrics_figure(
+  rows: Iterable[Mapping[str, Any]],
+  keys: Iterable[str | Panel],
+  title: str = "",
+  marks: Iterable[float] = (),
+  before: Mapping[str, Mapping[str, float]] | None = None,
+  after: Mapping[str, Mapping[str, float]] | None = None,
+):
   """The matplotlib Figure `plot_metrics` saves (see there)."""
   from matplotlib.figure import Figure
+
   rows, marks = list(rows), list(marks)
   panels = _panels(rows, list(keys), before, after)
   cols = min(3, max(1, len(panels)))
@@ -271,7 +300,7 @@ def metrics_figure(rows: Iterable[Mapping[str, Any]], keys: Iterable[str | Panel
         _draw_heldout(ax, s, s.key in (before or {}), s.key in (after or {}))
       else:
         windows.append(_draw(ax, s, len(rows)))
-    if heldout:   # room for the labels; a rate's axis stays about [0, 1]
+    if heldout:  # room for the labels; a rate's axis stays about [0, 1]
       ax.margins(x=0.08, y=0.3)
       low, high = ax.get_ylim()
       ax.set_ylim(max(low, -0.02), min(high, 1.02))
@@ -286,7 +315,7 @@ def metrics_figure(rows: Iterable[Mapping[str, Any]], keys: Iterable[str | Panel
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-  for ax in list(axes.flat)[len(panels):]:
+  for ax in list(axes.flat)[len(panels) :]:
     ax.axis("off")
   if title:
     fig.suptitle(title)
@@ -294,10 +323,15 @@ def metrics_figure(rows: Iterable[Mapping[str, Any]], keys: Iterable[str | Panel
   return fig
 
 
-def plot_metrics(rows: Iterable[Mapping[str, Any]], keys: Iterable[str | Panel], path: str,
-                 title: str = "", marks: Iterable[float] = (),
-                 before: Mapping[str, Mapping[str, float]] | None = None,
-                 after: Mapping[str, Mapping[str, float]] | None = None) -> str:
+def plot_metrics(
+  rows: Iterable[Mapping[str, Any]],
+  keys: Iterable[str | Panel],
+  path: str,
+  title: str = "",
+  marks: Iterable[float] = (),
+  before: Mapping[str, Mapping[str, float]] | None = None,
+  after: Mapping[str, Mapping[str, float]] | None = None,
+) -> str:
   """Saves a PNG at `path` of one panel per plot key over the RL steps; returns `path`.
 
   keys: metric keys (a panel titled from `LABELS`), `Panel`s (several series of one

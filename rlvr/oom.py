@@ -20,32 +20,31 @@ import re
 import sys
 import traceback
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 # Module (or package) -> phase, matched outermost frame first.
 PHASE_MODULES = {
-    "rlvr.evaluation": "evaluation",
-    "rlvr.sft": "SFT",
-    "rlvr.ppo": "RL update",
-    "rlvr.learner": "RL update",
-    "rlvr.sampling": "sampling",
+  "rlvr.evaluation": "evaluation",
+  "rlvr.sft": "SFT",
+  "rlvr.ppo": "RL update",
+  "rlvr.learner": "RL update",
+  "rlvr.sampling": "sampling",
 }
 
 # Phase -> what to lower, in launch.train's config fields.
 ADVICE = {
-    "RL update": "use more, smaller micro-batches (lower rl.learner.micro_batch_rows, or raise "
-                 "rl.learner.micro_batches), set rl.learner.remat=True, lower "
-                 "rl.loop.max_response_len / max_prompt_len, rl.loop.prompts_per_step (or "
-                 "rl.loop.ppo_mini_batch_size), or use more devices (mesh)",
-    "sampling": "lower rl.loop.prompts_per_step, rl.loop.group_size or "
-                "rl.loop.max_response_len, or sample from vLLM servers (sampler.kind=vllm)",
-    "evaluation": "lower eval.sampling.batch_prompts, eval.sampling.max_tokens or "
-                  "eval.sampling.n",
-    "SFT": "lower sft.batch_size, use more, smaller micro-batches (raise "
-           "sft.learner.micro_batches), or use more devices (mesh)",
-    None: "lower the batch and length settings of the phase that ran (rl.learner."
-          "micro_batch_rows, rl.loop.max_response_len, rl.loop.prompts_per_step, "
-          "eval.sampling.batch_prompts, sft.batch_size), or use more devices (mesh)",
+  "RL update": "use more, smaller micro-batches (lower rl.learner.micro_batch_rows, or raise "
+  "rl.learner.micro_batches), set rl.learner.remat=True, lower "
+  "rl.loop.max_response_len / max_prompt_len, rl.loop.prompts_per_step (or "
+  "rl.loop.ppo_mini_batch_size), or use more devices (mesh)",
+  "sampling": "lower rl.loop.prompts_per_step, rl.loop.group_size or "
+  "rl.loop.max_response_len, or sample from vLLM servers (sampler.kind=vllm)",
+  "evaluation": "lower eval.sampling.batch_prompts, eval.sampling.max_tokens or eval.sampling.n",
+  "SFT": "lower sft.batch_size, use more, smaller micro-batches (raise "
+  "sft.learner.micro_batches), or use more devices (mesh)",
+  None: "lower the batch and length settings of the phase that ran (rl.learner."
+  "micro_batch_rows, rl.loop.max_response_len, rl.loop.prompts_per_step, "
+  "eval.sampling.batch_prompts, sft.batch_size), or use more devices (mesh)",
 }
 
 _WHERE = {"RL update": "the RL update", "sampling": "sampling (the RL rollouts)"}
@@ -58,9 +57,13 @@ def is_oom(exc: BaseException) -> bool:
   if isinstance(exc, MemoryError):
     return True
   import jax
+
   text = str(exc)
-  return (isinstance(exc, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in text
-          and "out of memory" in text.lower())
+  return (
+    isinstance(exc, jax.errors.JaxRuntimeError)
+    and "RESOURCE_EXHAUSTED" in text
+    and "out of memory" in text.lower()
+  )
 
 
 def phase_of(exc: BaseException) -> str | None:
@@ -79,15 +82,16 @@ def requested(exc: BaseException) -> str | None:
   m = _BYTES.search(text)
   if m:
     n = int(m.group(1))
-    for unit, size in (("TiB", 1024 * GIB), ("GiB", GIB), ("MiB", 1024 ** 2)):
+    for unit, size in (("TiB", 1024 * GIB), ("GiB", GIB), ("MiB", 1024**2)):
       if n >= size or unit == "MiB":
         return f"{n / size:.1f} {unit}"
-  m = _NUMPY.search(text) if isinstance(exc, MemoryError) else None   # numpy: "29.9 GiB"
+  m = _NUMPY.search(text) if isinstance(exc, MemoryError) else None  # numpy: "29.9 GiB"
   return m.group(1).replace(". ", " ") if m else None
 
 
-def describe(exc: BaseException, phase: str | None = None, advice: str | None = None,
-             plan: str | None = None) -> str | None:
+def describe(
+  exc: BaseException, phase: str | None = None, advice: str | None = None, plan: str | None = None
+) -> str | None:
   """One line for an out-of-memory error (None for any other error).
 
   phase: where it ran out (default: from the traceback, `phase_of`); advice: what to
@@ -113,7 +117,7 @@ def reported(program: str, phase: str, advice: str):
   other error passes through."""
   try:
     yield
-  except Exception as e:   # noqa: BLE001 - only out of memory is caught, the rest re-raised
+  except Exception as e:  # noqa: BLE001 - only out of memory is caught, the rest re-raised
     line = describe(e, phase, advice)
     if line is None:
       raise

@@ -34,8 +34,9 @@ def first_fit(lengths, capacity: int) -> list[list[int]]:
   return rows
 
 
-def pack_rows(rows, n_rows: int, seq_len: int, pad_id: int = 0,
-              bins: list[list[int]] | None = None) -> dict[str, np.ndarray]:
+def pack_rows(
+  rows, n_rows: int, seq_len: int, pad_id: int = 0, bins: list[list[int]] | None = None
+) -> dict[str, np.ndarray]:
   """(prompt ids, completion ids, completion logprobs or None) rows -> right-padded arrays.
 
   The layout every update sees (RL buffers and SFT alike): prompt, then the
@@ -59,7 +60,7 @@ def pack_rows(rows, n_rows: int, seq_len: int, pad_id: int = 0,
     start = 0
     for s, i in enumerate(members, 1):
       prompt, completion, logprobs = rows[i]
-      ids = (list(prompt) + list(completion))[:seq_len - start]
+      ids = (list(prompt) + list(completion))[: seq_len - start]
       p, end = start + len(prompt), start + len(ids)
       tokens[r, start:end] = ids
       seg[r, start:end] = s
@@ -67,7 +68,7 @@ def pack_rows(rows, n_rows: int, seq_len: int, pad_id: int = 0,
       positions[r, start:end] = np.arange(end - start)
       sequence[r, start:end] = i
       if logprobs is not None and end > p:
-        sampler_logp[r, p:end] = logprobs[:end - p]
+        sampler_logp[r, p:end] = logprobs[: end - p]
       start = end
   out = dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask, sampler_logp_bt=sampler_logp)
   if packed:
@@ -81,8 +82,15 @@ def bucket(n: int, minimum: int, multiple: int = 1) -> int:
   return -(-b // multiple) * multiple
 
 
-def build_batch(groups: Sequence, cfg, pad_id: int, *, rows: int | None = None,
-                seq_len: int | None = None, min_rows: int | None = None) -> dict[str, np.ndarray]:
+def build_batch(
+  groups: Sequence,
+  cfg,
+  pad_id: int,
+  *,
+  rows: int | None = None,
+  seq_len: int | None = None,
+  min_rows: int | None = None,
+) -> dict[str, np.ndarray]:
   """Right-padded [rows, seq_len] arrays of `loop.Group`s under a `loop.RLConfig`:
   prompt, then completion (in the loss), then pad.
 
@@ -100,13 +108,14 @@ def build_batch(groups: Sequence, cfg, pad_id: int, *, rows: int | None = None,
   adv = np.zeros((len(seqs),), np.float32)
   r = 0
   for g in groups:
-    adv_g = np.asarray(grpo.group_advantages(np.asarray(g.rewards)[None],
-                                             normalize_std=cfg.normalize_std,
-                                             ddof=cfg.adv_std_ddof))[0]
-    adv[r:r + len(adv_g)] = adv_g
+    adv_g = np.asarray(
+      grpo.group_advantages(
+        np.asarray(g.rewards)[None], normalize_std=cfg.normalize_std, ddof=cfg.adv_std_ddof
+      )
+    )[0]
+    adv[r : r + len(adv_g)] = adv_g
     r += len(adv_g)
-  truncated = np.array([c.finish_reason == "length" for g in groups for c in g.completions],
-                       bool)
+  truncated = np.array([c.finish_reason == "length" for g in groups for c in g.completions], bool)
   seq_len = bucket(max(lengths, default=0), cfg.seq_len, 16) if seq_len is None else seq_len
   if cfg.pack:
     seq_len = max(seq_len, cfg.pack_len)
@@ -115,9 +124,15 @@ def build_batch(groups: Sequence, cfg, pad_id: int, *, rows: int | None = None,
     arrays = pack_rows(seqs, rows, seq_len, pad_id, bins=bins)
     index = arrays.pop("sequence_bt")
     real = index >= 0
-    return dict(arrays, advantages_b=np.where(real, adv[index], 0.0).astype(np.float32),
-                truncated_b=real & truncated[index])
+    return dict(
+      arrays,
+      advantages_b=np.where(real, adv[index], 0.0).astype(np.float32),
+      truncated_b=real & truncated[index],
+    )
   rows = bucket(len(seqs), min_rows or cfg.rows) if rows is None else rows
   arrays = pack_rows(seqs, rows, seq_len, pad_id)
-  return dict(arrays, advantages_b=np.pad(adv, (0, rows - len(seqs))),
-              truncated_b=np.pad(truncated, (0, rows - len(seqs))))
+  return dict(
+    arrays,
+    advantages_b=np.pad(adv, (0, rows - len(seqs))),
+    truncated_b=np.pad(truncated, (0, rows - len(seqs))),
+  )

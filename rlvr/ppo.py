@@ -26,7 +26,7 @@ def mini_batches(groups: Sequence, cfg, rng: np.random.Generator) -> list[list]:
   if k <= 0 or len(groups) <= k:
     return [list(groups)]
   order = rng.permutation(len(groups))
-  return [[groups[i] for i in order[j:j + k]] for j in range(0, len(groups), k)]
+  return [[groups[i] for i in order[j : j + k]] for j in range(0, len(groups), k)]
 
 
 def _mean_over_steps(steps: Sequence[dict]) -> dict[str, float]:
@@ -58,8 +58,15 @@ def drift_kl(params, logp_fn, batches: Sequence) -> float:
   return kl_sum / max(tokens, 1.0)
 
 
-def multi_step_update(state, update_fn, logp_fn, batches: Sequence, epochs: int = 1,
-                      old_logp: str = "learner", rng: np.random.Generator | None = None):
+def multi_step_update(
+  state,
+  update_fn,
+  logp_fn,
+  batches: Sequence,
+  epochs: int = 1,
+  old_logp: str = "learner",
+  rng: np.random.Generator | None = None,
+):
   """Several optimizer steps on one rollout's mini-batches (verl's PPO update).
 
   Old logprobs are fixed once, before the first step (`fix_old_logprobs`). Each
@@ -79,8 +86,16 @@ def multi_step_update(state, update_fn, logp_fn, batches: Sequence, epochs: int 
   return state, steps, drift_kl(state.params, logp_fn, batches)
 
 
-def update_on_buffer(state, update_fn, logp_fn, groups: Sequence, cfg, pad_id: int,
-                     to_batch: Callable[[dict], Any], step: int):
+def update_on_buffer(
+  state,
+  update_fn,
+  logp_fn,
+  groups: Sequence,
+  cfg,
+  pad_id: int,
+  to_batch: Callable[[dict], Any],
+  step: int,
+):
   """The optimizer step(s) on a buffer of `loop.Group`s under the `loop.RLConfig` cfg.
 
   One mini-batch and one epoch: exactly one update with the current policy as the
@@ -92,10 +107,14 @@ def update_on_buffer(state, update_fn, logp_fn, groups: Sequence, cfg, pad_id: i
     state, m = update_fn(state, to_batch(packing.build_batch(chunks[0], cfg, pad_id)))
     return state, dict({k: float(v) for k, v in m.items()}, optimizer_steps=1)
   if logp_fn is None:
-    raise ValueError("ppo_mini_batch_size / ppo_epochs: several optimizer steps per rollout need "
-                     "logp_fn (learner.make_logprob_fn) to fix the old logprobs")
-  batches = [to_batch(packing.build_batch(c, cfg, pad_id, min_rows=cfg.mini_batch_rows))
-             for c in chunks]
-  state, steps, kl = multi_step_update(state, update_fn, logp_fn, batches, cfg.ppo_epochs,
-                                       cfg.old_logp, rng)
+    raise ValueError(
+      "ppo_mini_batch_size / ppo_epochs: several optimizer steps per rollout need "
+      "logp_fn (learner.make_logprob_fn) to fix the old logprobs"
+    )
+  batches = [
+    to_batch(packing.build_batch(c, cfg, pad_id, min_rows=cfg.mini_batch_rows)) for c in chunks
+  ]
+  state, steps, kl = multi_step_update(
+    state, update_fn, logp_fn, batches, cfg.ppo_epochs, cfg.old_logp, rng
+  )
   return state, dict(_mean_over_steps(steps), optimizer_steps=len(steps), kl_first_last=kl)

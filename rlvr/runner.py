@@ -46,19 +46,43 @@ from rlvr.sampling import JaxSampler
 
 # training.png's panels (`metrics.plot_metrics`): held-out pass@1 first, then the RL step's.
 PLOT_KEYS = (
-    metrics_lib.HELDOUT, "accuracy", "reward_mean", "entropy",
-    metrics_lib.Panel("Training groups all or none correct", "fraction of groups",
-                      (("solve_all", "all correct (too easy: no signal)"),
-                       ("solve_none", "none correct (too hard: no signal)"))),
-    "response_len_mean", "truncated_frac", "optimizer_steps",
-    metrics_lib.Panel("Tokens clipped by the PPO ratio", "fraction of tokens",
-                      (("clip_frac_high", "high: ratio > 1 + eps_high, A > 0"),
-                       ("clip_frac_low", "low: ratio < 1 - eps_low, A < 0"))),
-    "kl_first_last", "grad_norm", "shaping_overlong",
-    metrics_lib.Panel("Wall time per RL step", "seconds",
-                      (("time_step", "whole step"), ("time_sample", "sampling"),
-                       ("time_score", "scoring"), ("time_update", "update"),
-                       ("time_sync", "weight sync"))),
+  metrics_lib.HELDOUT,
+  "accuracy",
+  "reward_mean",
+  "entropy",
+  metrics_lib.Panel(
+    "Training groups all or none correct",
+    "fraction of groups",
+    (
+      ("solve_all", "all correct (too easy: no signal)"),
+      ("solve_none", "none correct (too hard: no signal)"),
+    ),
+  ),
+  "response_len_mean",
+  "truncated_frac",
+  "optimizer_steps",
+  metrics_lib.Panel(
+    "Tokens clipped by the PPO ratio",
+    "fraction of tokens",
+    (
+      ("clip_frac_high", "high: ratio > 1 + eps_high, A > 0"),
+      ("clip_frac_low", "low: ratio < 1 - eps_low, A < 0"),
+    ),
+  ),
+  "kl_first_last",
+  "grad_norm",
+  "shaping_overlong",
+  metrics_lib.Panel(
+    "Wall time per RL step",
+    "seconds",
+    (
+      ("time_step", "whole step"),
+      ("time_sample", "sampling"),
+      ("time_score", "scoring"),
+      ("time_update", "update"),
+      ("time_sync", "weight sync"),
+    ),
+  ),
 )
 
 
@@ -76,15 +100,15 @@ def _json(path, obj=None):
 class Run:
   """What every phase of one run shares."""
 
-  cfg: Any                       # the ml_collections config
+  cfg: Any  # the ml_collections config
   workdir: str
-  progress: dict                 # finished phases (progress.json)
-  model_dir: str                 # the HF dir the run starts from
+  progress: dict  # finished phases (progress.json)
+  model_dir: str  # the HF dir the run starts from
   tokenizer: Any
   mesh: Any
   data: datasets.RunData
   eval_prompts: dict[str, list[loop.Prompt]]
-  context: int                   # the model's max positions (evaluation skips longer prompts)
+  context: int  # the model's max positions (evaluation skips longer prompts)
 
   @property
   def pad_id(self) -> int:
@@ -99,8 +123,10 @@ class Run:
     return format_prompt(self.tokenizer, text, "")
 
   def prompts(self, examples, source: str) -> list[loop.Prompt]:
-    return [loop.Prompt(tuple(self.encode(e.problem)), e.answer, e.problem, e.source or source)
-            for e in examples]
+    return [
+      loop.Prompt(tuple(self.encode(e.problem)), e.answer, e.problem, e.source or source)
+      for e in examples
+    ]
 
   def save_progress(self) -> None:
     _json(os.path.join(self.workdir, "progress.json"), self.progress)
@@ -124,6 +150,7 @@ def prepare_model(cfg) -> str:
 
 def setup(cfg) -> Run:
   from transformers import AutoTokenizer
+
   distributed.initialize(cfg.get("coordinator") or None)
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -132,14 +159,26 @@ def setup(cfg) -> Run:
   progress = _json(progress_path) if os.path.exists(progress_path) else {}
   model_dir = prepare_model(cfg)
   data = datasets.prepare(cfg.data, cfg.seed)
-  _json(os.path.join(workdir, "config.json"), cfg.to_dict())   # what launch.evaluate --run reads
+  _json(os.path.join(workdir, "config.json"), cfg.to_dict())  # what launch.evaluate --run reads
   mesh = sharding.make_mesh(cfg.mesh.to_dict())
   if jax.process_count() > 1:
-    print(f"process {jax.process_index()} of {jax.process_count()}: global mesh "
-          f"{dict(mesh.shape)} over {jax.device_count()} devices "
-          f"({jax.local_device_count()} here)", flush=True)
-  run = Run(cfg, workdir, progress, model_dir, AutoTokenizer.from_pretrained(model_dir),
-            mesh, data, {}, model_lib.ModelConfig.from_hf(model_dir).max_position_embeddings)
+    print(
+      f"process {jax.process_index()} of {jax.process_count()}: global mesh "
+      f"{dict(mesh.shape)} over {jax.device_count()} devices "
+      f"({jax.local_device_count()} here)",
+      flush=True,
+    )
+  run = Run(
+    cfg,
+    workdir,
+    progress,
+    model_dir,
+    AutoTokenizer.from_pretrained(model_dir),
+    mesh,
+    data,
+    {},
+    model_lib.ModelConfig.from_hf(model_dir).max_position_embeddings,
+  )
   run.eval_prompts = {name: run.prompts(exs, name) for name, exs in data.evals.items()}
   return run
 
@@ -153,11 +192,13 @@ def _flat(d: dict, prefix: str) -> dict:
 
 def phase_settings(cfg) -> dict[str, dict]:
   """The settings each reusable phase depends on, flat ("sft.steps": 400, ...)."""
-  d = json.loads(json.dumps(cfg.to_dict()))   # tuples as lists, as progress.json holds them
+  d = json.loads(json.dumps(cfg.to_dict()))  # tuples as lists, as progress.json holds them
   data = _flat(d["data"], "data.")
   made = {"seed": d["seed"], **_flat(d["model"], "model."), **data}
-  return {"sft": {**made, **_flat(d["sft"], "sft.")},
-          "eval": {**made, **_flat(d["eval"]["sampling"], "eval.sampling.")}}
+  return {
+    "sft": {**made, **_flat(d["sft"], "sft.")},
+    "eval": {**made, **_flat(d["eval"]["sampling"], "eval.sampling.")},
+  }
 
 
 def check_phases(run: Run) -> None:
@@ -170,9 +211,10 @@ def check_phases(run: Run) -> None:
     if changed:
       k = changed[0]
       raise ValueError(
-          f"{k}: the {phase} phase recorded in {run.workdir}/progress.json ran with "
-          f"{was.get(k)!r}, this run asks for {now.get(k)!r}; rerun with the recorded "
-          "settings, or give a new --workdir")
+        f"{k}: the {phase} phase recorded in {run.workdir}/progress.json ran with "
+        f"{was.get(k)!r}, this run asks for {now.get(k)!r}; rerun with the recorded "
+        "settings, or give a new --workdir"
+      )
   run.save_progress()
 
 
@@ -182,10 +224,18 @@ def warm_start(run: Run) -> str:
   if c.sft.steps <= 0:
     return run.model_dir
   return sft.train_sft(
-      run.model_dir, run.data.sft_pairs, os.path.join(run.workdir, "sft"),
-      learner_cfg=settings.frozen(learner.LearnerConfig, c.sft.learner), mesh=run.mesh,
-      instruction=c.data.instruction, steps=c.sft.steps, batch_size=c.sft.batch_size,
-      seed=c.seed, checkpoint_every=c.checkpoint.every * 10, keep=c.checkpoint.keep)
+    run.model_dir,
+    run.data.sft_pairs,
+    os.path.join(run.workdir, "sft"),
+    learner_cfg=settings.frozen(learner.LearnerConfig, c.sft.learner),
+    mesh=run.mesh,
+    instruction=c.data.instruction,
+    steps=c.sft.steps,
+    batch_size=c.sft.batch_size,
+    seed=c.seed,
+    checkpoint_every=c.checkpoint.every * 10,
+    keep=c.checkpoint.keep,
+  )
 
 
 def make_sampler(run: Run, model_cfg, params):
@@ -197,18 +247,26 @@ def make_sampler(run: Run, model_cfg, params):
     raise ValueError(f"sampler.kind: unknown {c.kind!r}; expected jax|vllm")
   from rlvr.sampling.split import ProcessSplitSampler
   from rlvr.sampling.vllm_sampler import VLLMSampler
+
   if not c.urls:
     raise ValueError("sampler.urls: vllm sampler needs at least one server URL")
   # Multi-host: each process talks to its own servers ("{process}" in a URL is its index;
   # "localhost" is each host's own) and samples its slice of every rollout.
   urls = [u.format(process=jax.process_index()) for u in c.urls]
-  client = VLLMSampler(urls, model_config=model_cfg,
-                       eos_token_id=run.tokenizer.eos_token_id, pad_token_id=run.pad_id,
-                       sync_dir=os.path.join(run.workdir, "weights"), model_name=c.model,
-                       max_concurrency=c.max_concurrency, sync_dtype=jnp.dtype(c.sync_dtype),
-                       request_timeout_s=c.request_timeout_s, retries=c.retries,
-                       backoff_s=c.backoff_s,
-                       api_key=c.api_key or None)   # default: $VLLM_API_KEY
+  client = VLLMSampler(
+    urls,
+    model_config=model_cfg,
+    eos_token_id=run.tokenizer.eos_token_id,
+    pad_token_id=run.pad_id,
+    sync_dir=os.path.join(run.workdir, "weights"),
+    model_name=c.model,
+    max_concurrency=c.max_concurrency,
+    sync_dtype=jnp.dtype(c.sync_dtype),
+    request_timeout_s=c.request_timeout_s,
+    retries=c.retries,
+    backoff_s=c.backoff_s,
+    api_key=c.api_key or None,
+  )  # default: $VLLM_API_KEY
   client = ProcessSplitSampler(client) if jax.process_count() > 1 else client
   client.update_weights(params, version=0)
   return client
@@ -221,38 +279,50 @@ def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
   outdir = os.path.join(run.workdir, f"eval_{tag}") if write else None
   results = {}
   for name, prompts in run.eval_prompts.items():
-    samples = (os.path.join(outdir, f"samples_{name}.jsonl")
-               if write and run.cfg.eval.samples else None)
-    results[name] = evaluation.evaluate_set(sampler, prompts, score_fn, ecfg,
-                                            progress=tag is not None, context=run.context,
-                                            samples_path=samples)
+    samples = (
+      os.path.join(outdir, f"samples_{name}.jsonl") if write and run.cfg.eval.samples else None
+    )
+    results[name] = evaluation.evaluate_set(
+      sampler,
+      prompts,
+      score_fn,
+      ecfg,
+      progress=tag is not None,
+      context=run.context,
+      samples_path=samples,
+    )
   if write:
     evaluation.write_report(results, outdir, f"eval {tag}")
-    for name, r in results.items():   # one line per set, after the progress bars
+    for name, r in results.items():  # one line per set, after the progress bars
       k = max(r["pass@k"], key=int)
       skipped = f", {r['skipped_too_long']} too long skipped" if r["skipped_too_long"] else ""
-      print(f"eval {tag.replace('_', ' ')}: {name} pass@1 {100 * r['pass@k'][1][0]:.1f}% "
-            f"(pass@{k} {100 * r['pass@k'][k][0]:.1f}%), {r['problems']} problems{skipped}",
-            flush=True)
-  return {name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()}
-          for name, r in results.items()}
+      print(
+        f"eval {tag.replace('_', ' ')}: {name} pass@1 {100 * r['pass@k'][1][0]:.1f}% "
+        f"(pass@{k} {100 * r['pass@k'][k][0]:.1f}%), {r['problems']} problems{skipped}",
+        flush=True,
+      )
+  return {name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()} for name, r in results.items()}
 
 
-def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, logp_fn,
-          start: int = 0):
+def train(
+  run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, logp_fn, start: int = 0
+):
   """RL steps from `start` (a restored checkpoint's step) to rl.steps; checkpoints carry
   the method's state and are keyed by the RL step, not by the optimizer's update count.
 
   SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`).
   """
   from tqdm import tqdm
+
   c = run.cfg
-  writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start,
-                                     enabled=distributed.is_writer())
+  writer = metrics_lib.MetricsWriter(
+    run.workdir, resume_step=start, enabled=distributed.is_writer()
+  )
   to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, run.mesh))
   save = lambda step: checkpoint.save(mngr, state, {"method": method.state(), "step": step})
-  bar = tqdm(range(start, c.rl.steps), desc=method.name, unit="step", initial=start,
-             total=c.rl.steps)
+  bar = tqdm(
+    range(start, c.rl.steps), desc=method.name, unit="step", initial=start, total=c.rl.steps
+  )
   skipped = 0
   with interrupt.GracefulStop("RL") as stop:
     for step in bar:
@@ -262,8 +332,11 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
         for name, scores in evaluate(run, env.sampler, eval_score).items():
           m.update({f"{name}_{k}": v for k, v in scores.items()})
       writer.write(step, m)
-      post = {"acc": f"{m.get('accuracy', float('nan')):.2f}",
-              "ent": f"{m.get('entropy', 0):.2f}", "kept": m.get("groups_kept", 0)}
+      post = {
+        "acc": f"{m.get('accuracy', float('nan')):.2f}",
+        "ent": f"{m.get('entropy', 0):.2f}",
+        "kept": m.get("groups_kept", 0),
+      }
       post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
       bar.set_postfix(post)
       stopping = stop.agreed()
@@ -271,13 +344,15 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
         save(step + 1)
       if stopping:
         writer.close()
-        stop.exit(f"after RL step {step + 1} of {c.rl.steps} (checkpoint under "
-                  f"{run.workdir}/checkpoints)")
+        stop.exit(
+          f"after RL step {step + 1} of {c.rl.steps} (checkpoint under {run.workdir}/checkpoints)"
+        )
   writer.close()
   if start < c.rl.steps and skipped == c.rl.steps - start:
     raise loop.NoSignalError(
-        f"every one of the {skipped} RL steps skipped its update: no group had a learning "
-        f"signal (reward variance); see {run.workdir}/metrics.jsonl (solve_all, solve_none)")
+      f"every one of the {skipped} RL steps skipped its update: no group had a learning "
+      f"signal (reward variance); see {run.workdir}/metrics.jsonl (solve_all, solve_none)"
+    )
   return state
 
 
@@ -286,29 +361,42 @@ def write_summary(run: Run, method, seconds: float) -> dict:
   rows = metrics_lib.read_jsonl(os.path.join(run.workdir, "metrics.jsonl"))
   name = os.path.basename(run.workdir)
   if rows and distributed.is_writer():
-    metrics_lib.plot_metrics(rows, PLOT_KEYS, os.path.join(run.workdir, "training.png"),
-                             title=name, before=run.progress.get("eval_before"),
-                             after=run.progress.get("eval_after"))
+    metrics_lib.plot_metrics(
+      rows,
+      PLOT_KEYS,
+      os.path.join(run.workdir, "training.png"),
+      title=name,
+      before=run.progress.get("eval_before"),
+      after=run.progress.get("eval_after"),
+    )
     if method.plot_keys:
       mark = method.mark_key
-      metrics_lib.plot_metrics(rows, method.plot_keys,
-                               os.path.join(run.workdir, f"{method.name}.png"),
-                               title=f"{name}: {method.name}",
-                               marks=[r["step"] + 1 for r in rows if mark and r.get(mark)])
-  reports = {label: os.path.join(run.workdir, f"eval_{tag}", "eval.json")
-             for label, tag in (("before RL", "before_rl"), ("after RL", "after_rl"))}
+      metrics_lib.plot_metrics(
+        rows,
+        method.plot_keys,
+        os.path.join(run.workdir, f"{method.name}.png"),
+        title=f"{name}: {method.name}",
+        marks=[r["step"] + 1 for r in rows if mark and r.get(mark)],
+      )
+  reports = {
+    label: os.path.join(run.workdir, f"eval_{tag}", "eval.json")
+    for label, tag in (("before RL", "before_rl"), ("after RL", "after_rl"))
+  }
   if distributed.is_writer() and all(os.path.exists(p) for p in reports.values()):
-    evaluation.plot_comparison({label: _json(p) for label, p in reports.items()},
-                               os.path.join(run.workdir, "pass_at_k.png"), name)
+    evaluation.plot_comparison(
+      {label: _json(p) for label, p in reports.items()},
+      os.path.join(run.workdir, "pass_at_k.png"),
+      name,
+    )
   summary = {
-      "steps": run.cfg.rl.steps,
-      "eval_before_rl": run.progress["eval_before"],
-      "eval_after_rl": run.progress["eval_after"],
-      "time_s_this_invocation": round(seconds, 1),
-      "method": method.name,
-      "model_dir": run.model_dir,
-      "workdir": run.workdir,
-      **method.summary(rows),
+    "steps": run.cfg.rl.steps,
+    "eval_before_rl": run.progress["eval_before"],
+    "eval_after_rl": run.progress["eval_after"],
+    "time_s_this_invocation": round(seconds, 1),
+    "method": method.name,
+    "model_dir": run.model_dir,
+    "workdir": run.workdir,
+    **method.summary(rows),
   }
   return _json(os.path.join(run.workdir, "summary.json"), summary)
 
@@ -323,7 +411,7 @@ def _restore_method(method, meta) -> None:
 def run(cfg) -> dict:
   """Runs (or resumes) the experiment described by an ml_collections config."""
   t_start = time.time()
-  checked = experiment.check(cfg)   # every setting, before anything is built or trained
+  checked = experiment.check(cfg)  # every setting, before anything is built or trained
   r = setup(cfg)
   experiment.check_eval_fits(checked.eval.sampling, r.context)
   check_phases(r)
@@ -332,14 +420,18 @@ def run(cfg) -> dict:
   with RewardPool(workers=cfg.reward_workers, timeout_s=reward_cfg.timeout_s) as pool:
     score = evaluation.score_fn(pool, reward_cfg)
     # Evaluation counts correct answers only, with general (not integer-only) matching.
-    eval_score = evaluation.score_fn(pool, dataclasses.replace(reward_cfg,
-                                                               integer_answers=False))
+    eval_score = evaluation.score_fn(pool, dataclasses.replace(reward_cfg, integer_answers=False))
     start_dir = warm_start(r)
     model_cfg = model_lib.ModelConfig.from_hf(start_dir)
     mngr, state, meta = checkpoint.restore_or_init(
-        os.path.join(r.workdir, "checkpoints"), model_cfg, lc, r.mesh,
-        lambda: model_lib.load_hf(start_dir, mesh=r.mesh)[1], seed=cfg.seed,
-        keep=cfg.checkpoint.keep)
+      os.path.join(r.workdir, "checkpoints"),
+      model_cfg,
+      lc,
+      r.mesh,
+      lambda: model_lib.load_hf(start_dir, mesh=r.mesh)[1],
+      seed=cfg.seed,
+      keep=cfg.checkpoint.keep,
+    )
     if meta is not None:
       _restore_method(method, meta)
     sampler = make_sampler(r, model_cfg, state.params)
@@ -348,23 +440,37 @@ def run(cfg) -> dict:
       r.save_progress()
     else:
       print(f"eval before RL: done before, reusing {r.workdir}/progress.json", flush=True)
-    env = loop.StepEnv(sampler, score, rl=settings.frozen(loop.RLConfig, cfg.rl.loop),
-                       pad_id=r.pad_id, encode=r.encode, encode_task=r.encode_task,
-                       answer_of=r.data.answer_of,
-                       shaping_cfg=settings.frozen(shaping.ShapingConfig, cfg.shaping),
-                       well_formed=lambda text: rewards.is_well_formed(
-                           rewards.extract_answer(text, reward_cfg.extraction),
-                           reward_cfg.integer_answers))
-    state = train(r, state, mngr, method, env, eval_score,
-                  learner.make_update_fn(model_cfg, lc, r.mesh),
-                  learner.make_logprob_fn(model_cfg, lc),
-                  start=int(meta["step"]) if meta is not None else 0)
+    env = loop.StepEnv(
+      sampler,
+      score,
+      rl=settings.frozen(loop.RLConfig, cfg.rl.loop),
+      pad_id=r.pad_id,
+      encode=r.encode,
+      encode_task=r.encode_task,
+      answer_of=r.data.answer_of,
+      shaping_cfg=settings.frozen(shaping.ShapingConfig, cfg.shaping),
+      well_formed=lambda text: rewards.is_well_formed(
+        rewards.extract_answer(text, reward_cfg.extraction), reward_cfg.integer_answers
+      ),
+    )
+    state = train(
+      r,
+      state,
+      mngr,
+      method,
+      env,
+      eval_score,
+      learner.make_update_fn(model_cfg, lc, r.mesh),
+      learner.make_logprob_fn(model_cfg, lc),
+      start=int(meta["step"]) if meta is not None else 0,
+    )
     mngr.close()
     if r.progress.get("eval_after_step") != cfg.rl.steps:
       r.progress["eval_after"] = evaluate(r, sampler, eval_score, "after_rl")
       r.progress["eval_after_step"] = cfg.rl.steps
       r.save_progress()
     if cfg.export_hf:
-      checkpoint.export_hf(os.path.join(r.workdir, "policy"), model_cfg, state,
-                           tokenizer=r.tokenizer)
+      checkpoint.export_hf(
+        os.path.join(r.workdir, "policy"), model_cfg, state, tokenizer=r.tokenizer
+      )
   return write_summary(r, method, time.time() - t_start)

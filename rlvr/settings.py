@@ -50,7 +50,7 @@ def section(cls, **overrides) -> ml_collections.ConfigDict:
     elif value is None and inner is not None:
       value = ml_collections.config_dict.placeholder(inner)
     elif typing.get_args(hints[f.name])[:1] == (str,) and isinstance(value, tuple):
-      value = list(value)   # paths, URLs: comma-separated on the command line (launch.train)
+      value = list(value)  # paths, URLs: comma-separated on the command line (launch.train)
     c[f.name] = value
   return c
 
@@ -67,8 +67,10 @@ def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict, prefix: str = 
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(d) - names)
   if unknown:
-    raise ValueError(f"{prefix.rstrip('.') or cls.__name__}: unknown config fields {unknown}; "
-                     f"known: {sorted(names)}")
+    raise ValueError(
+      f"{prefix.rstrip('.') or cls.__name__}: unknown config fields {unknown}; "
+      f"known: {sorted(names)}"
+    )
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
     if f.name in d and isinstance(d[f.name], list):

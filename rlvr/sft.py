@@ -14,30 +14,50 @@ from typing import Callable, Sequence
 import numpy as np
 
 
-def sft_arrays(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int,
-               pad_id: int = 0) -> dict[str, np.ndarray]:
+def sft_arrays(
+  pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, pad_id: int = 0
+) -> dict[str, np.ndarray]:
   """[rows, seq_len] right-padded prompt+completion; loss on completion tokens only."""
   from rlvr.learner import pack_rows
+
   arrays = pack_rows([(p, c, None) for p, c in pairs], len(pairs), seq_len, pad_id)
-  del arrays["sampler_logp_bt"]   # no sampler: no mismatch metrics
+  del arrays["sampler_logp_bt"]  # no sampler: no mismatch metrics
   return dict(arrays, advantages_b=np.ones((len(pairs),), np.float32))
 
 
-def run_sft(state, update_fn, pairs, *, steps: int, batch_size: int, seq_len: int,
-            to_batch: Callable, seed: int = 0, pad_id: int = 0, start_step: int = 0,
-            on_step: Callable[[int, dict], None] | None = None, progress: bool = True):
+def run_sft(
+  state,
+  update_fn,
+  pairs,
+  *,
+  steps: int,
+  batch_size: int,
+  seq_len: int,
+  to_batch: Callable,
+  seed: int = 0,
+  pad_id: int = 0,
+  start_step: int = 0,
+  on_step: Callable[[int, dict], None] | None = None,
+  progress: bool = True,
+):
   """`steps` updates on batches drawn epoch-wise (seeded shuffles) from `pairs`."""
   from rlvr.data import DataStream
+
   stream = DataStream(len(pairs), seed, position=start_step * batch_size)
   it = range(start_step, steps)
   if progress:
     from tqdm import tqdm
+
     it = tqdm(it, desc="sft", unit="step", initial=start_step, total=steps)
   for step in it:
     batch = sft_arrays([pairs[i] for i in stream.next_indices(batch_size)], seq_len, pad_id)
     state, m = update_fn(state, to_batch(batch))
-    m = {"nll": -float(m["logp"]), "grad_norm": float(m["grad_norm"]),
-         "lr": float(m["lr"]), "tokens": float(m["tokens"])}
+    m = {
+      "nll": -float(m["logp"]),
+      "grad_norm": float(m["grad_norm"]),
+      "lr": float(m["lr"]),
+      "tokens": float(m["tokens"]),
+    }
     if progress:
       it.set_postfix(nll=f"{m['nll']:.3f}")
     if on_step is not None:
@@ -45,10 +65,21 @@ def run_sft(state, update_fn, pairs, *, steps: int, batch_size: int, seq_len: in
   return state
 
 
-def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: str, *,
-              learner_cfg, mesh, instruction: str = "", steps: int, batch_size: int,
-              seed: int = 0, checkpoint_every: int = 100, keep: int = 2,
-              progress: bool = True) -> str:
+def train_sft(
+  model_dir: str,
+  pairs_text: Sequence[tuple[str, str]],
+  workdir: str,
+  *,
+  learner_cfg,
+  mesh,
+  instruction: str = "",
+  steps: int,
+  batch_size: int,
+  seed: int = 0,
+  checkpoint_every: int = 100,
+  keep: int = 2,
+  progress: bool = True,
+) -> str:
   """SFT of the HF model in `model_dir` on (problem text, completion text) pairs.
 
   Prompts go through the chat template (`rlvr.data.format_prompt`), completions
@@ -75,20 +106,31 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
     return out_dir
   tok = AutoTokenizer.from_pretrained(model_dir)
   pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-  pairs = [(format_prompt(tok, p, instruction),
-            tok.encode(c + tok.eos_token, add_special_tokens=False)) for p, c in pairs_text]
+  pairs = [
+    (format_prompt(tok, p, instruction), tok.encode(c + tok.eos_token, add_special_tokens=False))
+    for p, c in pairs_text
+  ]
   if not pairs:
-    raise ValueError("train_sft: no (prompt, completion) pairs; give rows with a worked "
-                     "`solution` (config: data.sft_path) or skip SFT (sft.steps=0)")
+    raise ValueError(
+      "train_sft: no (prompt, completion) pairs; give rows with a worked "
+      "`solution` (config: data.sft_path) or skip SFT (sft.steps=0)"
+    )
   seq_len = -(-max(len(p) + len(c) for p, c in pairs) // 16) * 16
   m_cfg = model_lib.ModelConfig.from_hf(model_dir)
   mngr, state, _ = checkpoint.restore_or_init(
-      os.path.join(workdir, "checkpoints"), m_cfg, learner_cfg, mesh,
-      lambda: model_lib.load_hf(model_dir, mesh=mesh)[1], seed=seed, keep=keep)
+    os.path.join(workdir, "checkpoints"),
+    m_cfg,
+    learner_cfg,
+    mesh,
+    lambda: model_lib.load_hf(model_dir, mesh=mesh)[1],
+    seed=seed,
+    keep=keep,
+  )
   start = int(jax.device_get(state.step))
   update = learner.make_update_fn(m_cfg, learner_cfg, mesh)
-  writer = metrics_lib.MetricsWriter(workdir, resume_step=start, tensorboard=False,
-                                     enabled=distributed.is_writer())
+  writer = metrics_lib.MetricsWriter(
+    workdir, resume_step=start, tensorboard=False, enabled=distributed.is_writer()
+  )
   to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, mesh))
 
   def on_step(step, m):
@@ -109,9 +151,20 @@ def train_sft(model_dir: str, pairs_text: Sequence[tuple[str, str]], workdir: st
     return s, m
 
   with interrupt.GracefulStop("SFT") as stop:
-    state = run_sft(state, update_and_keep, pairs, steps=steps, batch_size=batch_size,
-                    seq_len=seq_len, to_batch=to_batch, seed=seed, pad_id=pad_id,
-                    start_step=start, on_step=on_step, progress=progress)
+    state = run_sft(
+      state,
+      update_and_keep,
+      pairs,
+      steps=steps,
+      batch_size=batch_size,
+      seq_len=seq_len,
+      to_batch=to_batch,
+      seed=seed,
+      pad_id=pad_id,
+      start_step=start,
+      on_step=on_step,
+      progress=progress,
+    )
   writer.close()
   mngr.close()
   checkpoint.export_hf(out_dir, m_cfg, state, tokenizer=tok, cfg=learner_cfg)  # LoRA: merged

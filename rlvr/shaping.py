@@ -26,19 +26,22 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class ShapingConfig:
-  format_bonus: float = 0.0    # added when a well-formed final answer is present (QbQ: 0.1)
-  overlong_cache: int = 0      # DAPO's L_cache (0 = no overlong punishment; DAPO: 4096)
-  overlong_max: int = 0        # DAPO's L_max; 0 = the run's max response length
+  format_bonus: float = 0.0  # added when a well-formed final answer is present (QbQ: 0.1)
+  overlong_cache: int = 0  # DAPO's L_cache (0 = no overlong punishment; DAPO: 4096)
+  overlong_max: int = 0  # DAPO's L_max; 0 = the run's max response length
 
   def __post_init__(self):
     if not np.isfinite(self.format_bonus):
       raise ValueError(f"format_bonus: expected a finite number, got {self.format_bonus!r}")
     if self.overlong_cache < 0 or self.overlong_max < 0:
-      raise ValueError(f"overlong_cache / overlong_max: must be >= 0, got "
-                       f"{self.overlong_cache} / {self.overlong_max}")
+      raise ValueError(
+        f"overlong_cache / overlong_max: must be >= 0, got "
+        f"{self.overlong_cache} / {self.overlong_max}"
+      )
     if self.overlong_max and self.overlong_cache > self.overlong_max:
-      raise ValueError(f"overlong_cache: {self.overlong_cache} exceeds overlong_max "
-                       f"{self.overlong_max}")
+      raise ValueError(
+        f"overlong_cache: {self.overlong_cache} exceeds overlong_max {self.overlong_max}"
+      )
 
   @property
   def active(self) -> bool:
@@ -51,8 +54,9 @@ def overlong_penalty(lengths: Sequence[int], max_len: int, cache_len: int) -> np
   if cache_len <= 0:
     return np.zeros_like(n)
   start = max_len - cache_len
-  return np.where(n <= start, 0.0, np.where(n <= max_len, (start - n) / cache_len, -1.0)
-                  ).astype(np.float32)
+  return np.where(n <= start, 0.0, np.where(n <= max_len, (start - n) / cache_len, -1.0)).astype(
+    np.float32
+  )
 
 
 def format_bonus(well_formed: Sequence[bool], bonus: float) -> np.ndarray:
@@ -60,12 +64,18 @@ def format_bonus(well_formed: Sequence[bool], bonus: float) -> np.ndarray:
   return np.float32(bonus) * np.asarray(well_formed, np.float32)
 
 
-def shape(correct_rewards: Sequence[float], lengths: Sequence[int], well_formed: Sequence[bool],
-          cfg: ShapingConfig, max_response_len: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def shape(
+  correct_rewards: Sequence[float],
+  lengths: Sequence[int],
+  well_formed: Sequence[bool],
+  cfg: ShapingConfig,
+  max_response_len: int,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
   """Shaped rewards and the per-response terms that were added."""
   terms = {
-      "shaping_format": format_bonus(well_formed, cfg.format_bonus),
-      "shaping_overlong": overlong_penalty(lengths, cfg.overlong_max or max_response_len,
-                                           cfg.overlong_cache),
+    "shaping_format": format_bonus(well_formed, cfg.format_bonus),
+    "shaping_overlong": overlong_penalty(
+      lengths, cfg.overlong_max or max_response_len, cfg.overlong_cache
+    ),
   }
   return np.asarray(correct_rewards, np.float32) + sum(terms.values()), terms

@@ -11,15 +11,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 # (logical axis, mesh axis or axes). FSDP shards the embed dimension of every
 # weight; tensor parallelism splits heads, MLP and vocab.
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("layers", None),
+  ("batch", ("data", "fsdp")),
+  ("length", None),
+  ("embed", "fsdp"),
+  ("vocab", "tensor"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("head_dim", None),
+  ("mlp", "tensor"),
+  ("layers", None),
 )
 
 
@@ -67,16 +67,21 @@ def make_mesh(axes: dict[str, int] | Sequence[tuple[str, int]], devices=None) ->
   if total != len(devices):
     raise ValueError(f"mesh axes {sizes} need {total} devices, have {len(devices)}")
   shape = tuple(sizes[a] for a in MESH_AXES)
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3,
-                       devices=devices)
+  return jax.make_mesh(
+    shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices
+  )
 
 
 def tree_shardings(logical_tree, shapes_tree, mesh: jax.sharding.Mesh, rules=None):
   """NamedShardings for any pytree given its logical axes (PartitionSpec leaves) and shapes."""
   rules = DEFAULT_RULES if rules is None else rules
   specs = nn.logical_to_mesh(logical_tree, rules)
-  return jax.tree.map(lambda s, x: NamedSharding(mesh, _fits(s, x.shape, mesh)), specs,
-                      shapes_tree, is_leaf=lambda s: isinstance(s, PartitionSpec))
+  return jax.tree.map(
+    lambda s, x: NamedSharding(mesh, _fits(s, x.shape, mesh)),
+    specs,
+    shapes_tree,
+    is_leaf=lambda s: isinstance(s, PartitionSpec),
+  )
 
 
 def batch_sharding(mesh: jax.sharding.Mesh, ndim: int, rules=None) -> NamedSharding:
@@ -97,6 +102,7 @@ def put_global(x, sharding: NamedSharding) -> jax.Array:
   """A host array that every process holds in full -> a global array with `sharding`
   (each device takes its slice; works on one process and on many)."""
   import numpy as np
+
   x = np.asarray(x)
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
@@ -105,7 +111,9 @@ def to_host(x):
   """The whole array as numpy on this host; an array that spans several processes
   (multi-host) is gathered from all of them, so every process must call this."""
   import numpy as np
+
   if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
     from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(jax.device_get(x))

@@ -37,3 +37,10 @@ if [ "${1:-}" = "--vllm" ]; then
   fi
   .venvs/vllm/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
 fi
+
+# The code reward's sandbox (tests/test_code_sandbox.py): bubblewrap. CI runs as root.
+if [ "${1:-}" = "--vllm" ] && ! command -v bwrap >/dev/null; then
+  apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
+    || echo "install bubblewrap (apt-get install bubblewrap): the code reward's sandbox needs it" >&2
+fi

@@ -50,6 +50,7 @@ class Problem:
 @dataclasses.dataclass(frozen=True)
 class Composed:
   """q12 with provenance: the ids composed (outermost first), depth, v1, v2, relation."""
+
   problem: Problem
   ids: tuple[str, ...]
   depth: int
@@ -63,8 +64,8 @@ class Composed:
 @dataclasses.dataclass(frozen=True)
 class Outcome:
   composed: Composed | None
-  reason: str            # "accepted", or why the chain was rejected
-  stage: str = ""        # define / replace / relate / v1 / v2 / v3
+  reason: str  # "accepted", or why the chain was rejected
+  stage: str = ""  # define / replace / relate / v1 / v2 / v3
 
 
 # ------------------------------------------------------------------ parsing
@@ -78,16 +79,37 @@ def tag(text: str, name: str) -> str | None:
 # after the first has exactly three digits: "1,000" and "12,345,678", not "2,3" or
 # "1,200,3"), then an optional decimal part.
 _DECIMAL = r"(?:\d{1,3}(?:,\d{3})+(?!,?\d)|\d+)(?:\.\d+)?"
-_MINUS = "-\u2212"   # the hyphen-minus and the Unicode minus sign
-_FRAC_ARG = rf"\{{\s*[{_MINUS}]?{_DECIMAL}\s*\}}|\d"   # "{-3}", "{1,000}" or one digit
+_MINUS = "-\u2212"  # the hyphen-minus and the Unicode minus sign
+_FRAC_ARG = rf"\{{\s*[{_MINUS}]?{_DECIMAL}\s*\}}|\d"  # "{-3}", "{1,000}" or one digit
 _NUMBER = re.compile(
-    rf"(?P<sign>[{_MINUS}])?"
-    rf"(?:\\[dt]?frac\s*(?P<num>{_FRAC_ARG})\s*(?P<den>{_FRAC_ARG})"
-    rf"|(?P<plain>{_DECIMAL})(?:/(?P<over>{_DECIMAL}))?)")
+  rf"(?P<sign>[{_MINUS}])?"
+  rf"(?:\\[dt]?frac\s*(?P<num>{_FRAC_ARG})\s*(?P<den>{_FRAC_ARG})"
+  rf"|(?P<plain>{_DECIMAL})(?:/(?P<over>{_DECIMAL}))?)"
+)
 # LaTeX relations and operators: a minus after one of them is a sign ("x \le -3").
-_OPERATOR_COMMANDS = frozenset({
-    "le", "leq", "ge", "geq", "lt", "gt", "ne", "neq", "approx", "equiv", "cdot", "times",
-    "div", "pm", "mp", "to", "in", "quad", "qquad"})
+_OPERATOR_COMMANDS = frozenset(
+  {
+    "le",
+    "leq",
+    "ge",
+    "geq",
+    "lt",
+    "gt",
+    "ne",
+    "neq",
+    "approx",
+    "equiv",
+    "cdot",
+    "times",
+    "div",
+    "pm",
+    "mp",
+    "to",
+    "in",
+    "quad",
+    "qquad",
+  }
+)
 
 
 def _exact(written: str) -> Fraction:
@@ -211,8 +233,12 @@ class _Work:
     return f"{self.q1.text}\n\n{self.definition}\n\n{self.relation}\n\n{self.rewritten}"
 
 
-def _step(works: list[_Work], complete: Complete, prompt: Callable[[_Work], str],
-          parse: Callable[[_Work, str], None]) -> None:
+def _step(
+  works: list[_Work],
+  complete: Complete,
+  prompt: Callable[[_Work], str],
+  parse: Callable[[_Work, str], None],
+) -> None:
   """One batched assistant call for the works still alive; parse() may reject."""
   alive = [w for w in works if not w.reason]
   if alive:
@@ -277,6 +303,7 @@ def _checked(stage: str, want: Callable[[_Work], Fraction], equivalent):
       return w.reject(stage, "missing tag")
     if value.strip().lower() == "none" or not equivalent(value, _fmt(want(w))):
       return w.reject(stage, f"{stage} recomputation differs")
+
   return parse
 
 
@@ -288,29 +315,56 @@ def _parse_whole(w: _Work, out: str) -> None:
     return w.reject("v3", f"v3 rejected: {tag(out, 'reason') or 'no reason given'}")
 
 
-def compose(pairs: Sequence[tuple[Problem, Problem]], complete: Complete,
-            equivalent: Callable[[str, str], bool] = default_equivalent,
-            depth: int = 2) -> list[Outcome]:
+def compose(
+  pairs: Sequence[tuple[Problem, Problem]],
+  complete: Complete,
+  equivalent: Callable[[str, str], bool] = default_equivalent,
+  depth: int = 2,
+) -> list[Outcome]:
   """Compose(q1, q2) for each pair: six batched assistant calls (three steps, three checks)."""
   works = [_Work(q1, q2) for q1, q2 in pairs]
   for w in works:
     if not numbers_in(w.q1.answer):
       w.reject("define", "answer has no number")
   t_def, t_rep, t_rel = _template("define"), _template("replace"), _template("relate")
-  t_v1, t_v2, t_v3 = (_template("check_define"), _template("check_replace"),
-                      _template("check_whole"))
-  _step(works, complete, lambda w: t_def.format(problem=w.q1.text, answer=w.q1.answer,
-                                                avoid=", ".join(symbols(w.q2.text)) or "-"),
-        _parse_define)
+  t_v1, t_v2, t_v3 = (
+    _template("check_define"),
+    _template("check_replace"),
+    _template("check_whole"),
+  )
+  _step(
+    works,
+    complete,
+    lambda w: t_def.format(
+      problem=w.q1.text, answer=w.q1.answer, avoid=", ".join(symbols(w.q2.text)) or "-"
+    ),
+    _parse_define,
+  )
   _step(works, complete, lambda w: t_rep.format(problem=w.q2.text, taken=w.x), _parse_replace)
-  _step(works, complete, lambda w: t_rel.format(x=w.x, v1=_fmt(w.v1), y=w.y, v2=_fmt(w.v2)),
-        _parse_relate)
-  _step(works, complete, lambda w: t_v1.format(problem=w.q1.text, definition=w.definition,
-                                               x=w.x), _checked("v1", lambda w: w.v1, equivalent))
-  _step(works, complete, lambda w: t_v2.format(original=w.q2.text, rewritten=w.rewritten,
-                                               y=w.y), _checked("v2", lambda w: w.v2, equivalent))
-  _step(works, complete, lambda w: t_v3.format(problem=w.text, x=w.x, v1=_fmt(w.v1), y=w.y,
-                                               v2=_fmt(w.v2)), _parse_whole)
+  _step(
+    works,
+    complete,
+    lambda w: t_rel.format(x=w.x, v1=_fmt(w.v1), y=w.y, v2=_fmt(w.v2)),
+    _parse_relate,
+  )
+  _step(
+    works,
+    complete,
+    lambda w: t_v1.format(problem=w.q1.text, definition=w.definition, x=w.x),
+    _checked("v1", lambda w: w.v1, equivalent),
+  )
+  _step(
+    works,
+    complete,
+    lambda w: t_v2.format(original=w.q2.text, rewritten=w.rewritten, y=w.y),
+    _checked("v2", lambda w: w.v2, equivalent),
+  )
+  _step(
+    works,
+    complete,
+    lambda w: t_v3.format(problem=w.text, x=w.x, v1=_fmt(w.v1), y=w.y, v2=_fmt(w.v2)),
+    _parse_whole,
+  )
   out = []
   for w in works:
     if w.reason:
@@ -318,40 +372,55 @@ def compose(pairs: Sequence[tuple[Problem, Problem]], complete: Complete,
       continue
     q12 = Problem(w.text, w.q2.answer, f"{w.q1.id}+{w.q2.id}", w.q2.source)
     inner_ids = w.q2.id.split("+") if "+" in w.q2.id else [w.q2.id]
-    out.append(Outcome(Composed(q12, (w.q1.id, *inner_ids), depth, _fmt(w.v1), _fmt(w.v2),
-                                w.x, w.y, w.relation), "accepted"))
+    out.append(
+      Outcome(
+        Composed(q12, (w.q1.id, *inner_ids), depth, _fmt(w.v1), _fmt(w.v2), w.x, w.y, w.relation),
+        "accepted",
+      )
+    )
   return out
 
 
-def compose_chains(chains: Sequence[Sequence[Problem]], complete: Complete,
-                   equivalent: Callable[[str, str], bool] = default_equivalent) -> list[Outcome]:
+def compose_chains(
+  chains: Sequence[Sequence[Problem]],
+  complete: Complete,
+  equivalent: Callable[[str, str], bool] = default_equivalent,
+) -> list[Outcome]:
   """SPC(q1..qK) = Compose(q1, SPC(q2..qK)) for chains of one length K >= 2, innermost
   first, one batched `compose` per level; the answer is gt_K."""
   if not chains:
     return []
   k = len(chains[0])
   if k < 2 or any(len(c) != k for c in chains):
-    raise ValueError(f"compose_chains: chains must share one length >= 2, got "
-                     f"{sorted({len(c) for c in chains})}")
+    raise ValueError(
+      f"compose_chains: chains must share one length >= 2, got {sorted({len(c) for c in chains})}"
+    )
   inner: list[Outcome | Problem] = [c[-1] for c in chains]
   for level in range(k - 2, -1, -1):
     todo = [i for i, x in enumerate(inner) if isinstance(x, Problem) or x.composed]
-    pairs = [(chains[i][level], inner[i] if isinstance(inner[i], Problem)
-              else inner[i].composed.problem) for i in todo]
+    pairs = [
+      (chains[i][level], inner[i] if isinstance(inner[i], Problem) else inner[i].composed.problem)
+      for i in todo
+    ]
     for i, outcome in zip(todo, compose(pairs, complete, equivalent, depth=k - level)):
       inner[i] = outcome
   return list(inner)
 
 
 # ------------------------------------------------------------------ what to compose
-def surrogate_pools(problems: Sequence[Problem], depth: int, pool_size: int,
-                    rng: random.Random) -> list[list[Problem]]:
+def surrogate_pools(
+  problems: Sequence[Problem], depth: int, pool_size: int, rng: random.Random
+) -> list[list[Problem]]:
   """Positions 1..K-1 draw from small fixed pools (paper: 20), position K from all."""
   return [rng.sample(list(problems), min(pool_size, len(problems))) for _ in range(depth - 1)]
 
 
-def draw_chain(problems: Sequence[Problem], pools: Sequence[Sequence[Problem]],
-               rng: random.Random, tries: int = 100) -> list[Problem]:
+def draw_chain(
+  problems: Sequence[Problem],
+  pools: Sequence[Sequence[Problem]],
+  rng: random.Random,
+  tries: int = 100,
+) -> list[Problem]:
   """One chain: pools[i] for position i+1, the full set for the last; no problem twice.
   Sequences are indexed, never copied (a plan draws 200K chains from 240K problems)."""
   for _ in range(tries):
@@ -361,8 +430,9 @@ def draw_chain(problems: Sequence[Problem], pools: Sequence[Sequence[Problem]],
   raise ValueError("draw_chain: could not draw distinct problems; pools are too small")
 
 
-def cross_domain_pairs(first: Sequence[Problem], second: Sequence[Problem], n: int,
-                       rng: random.Random) -> list[tuple[Problem, Problem]]:
+def cross_domain_pairs(
+  first: Sequence[Problem], second: Sequence[Problem], n: int, rng: random.Random
+) -> list[tuple[Problem, Problem]]:
   """n pairs with q1 from `first` (e.g. physics) and q2 from `second` (math): gt2 is kept."""
   return [(rng.choice(first), rng.choice(second)) for _ in range(n)]
 
@@ -376,6 +446,7 @@ class CurriculumConfig:
   of its last `window` steps averages at least `solve_all_threshold` (the paper
   moves on when solve_all is high; 0 disables that rule).
   """
+
   depths: tuple[int, ...] = (1, 2, 3)
   max_steps: int = 100
   solve_all_threshold: float = 0.0
@@ -396,7 +467,7 @@ class Curriculum:
   def __init__(self, cfg: CurriculumConfig):
     self.cfg = cfg
     self.stage, self.steps_in_stage, self.recent = 0, 0, []
-    self.switches: list[int] = []   # global step counts at which a new stage began
+    self.switches: list[int] = []  # global step counts at which a new stage began
     self.total_steps = 0
 
   @property
@@ -407,11 +478,14 @@ class Curriculum:
     """Counts one step of the current stage; True when the next step starts a new stage."""
     self.total_steps += 1
     self.steps_in_stage += 1
-    self.recent = (self.recent + [float(solve_all)])[-self.cfg.window:]
+    self.recent = (self.recent + [float(solve_all)])[-self.cfg.window :]
     if self.stage + 1 >= len(self.cfg.depths):
       return False
-    high = (self.cfg.solve_all_threshold > 0 and len(self.recent) == self.cfg.window
-            and sum(self.recent) / self.cfg.window >= self.cfg.solve_all_threshold)
+    high = (
+      self.cfg.solve_all_threshold > 0
+      and len(self.recent) == self.cfg.window
+      and sum(self.recent) / self.cfg.window >= self.cfg.solve_all_threshold
+    )
     if self.steps_in_stage >= self.cfg.max_steps or high:
       self.stage, self.steps_in_stage, self.recent = self.stage + 1, 0, []
       self.switches.append(self.total_steps)
@@ -419,8 +493,13 @@ class Curriculum:
     return False
 
   def state(self) -> dict:
-    return {"stage": self.stage, "steps_in_stage": self.steps_in_stage, "recent": self.recent,
-            "switches": self.switches, "total_steps": self.total_steps}
+    return {
+      "stage": self.stage,
+      "steps_in_stage": self.steps_in_stage,
+      "recent": self.recent,
+      "switches": self.switches,
+      "total_steps": self.total_steps,
+    }
 
   def restore(self, state: dict) -> None:
     self.stage, self.steps_in_stage = int(state["stage"]), int(state["steps_in_stage"])

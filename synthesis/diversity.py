@@ -38,8 +38,9 @@ def _unit_rows(embeddings) -> np.ndarray:
   norms = np.linalg.norm(x, axis=1)
   zero = np.flatnonzero(norms == 0)
   if zero.size:
-    raise ValueError(f"embeddings: row {int(zero[0])} is all zeros (no direction for a "
-                     f"cosine similarity)")
+    raise ValueError(
+      f"embeddings: row {int(zero[0])} is all zeros (no direction for a cosine similarity)"
+    )
   return x / norms[:, None]
 
 
@@ -50,7 +51,7 @@ def similarity_eigenvalues(embeddings) -> np.ndarray:
   gram = x @ x.T if n <= dim else x.T @ x
   lam = np.clip(np.linalg.eigvalsh(gram / n), 0.0, None)
   lam[lam < _EPS] = 0.0
-  return np.sort(lam / lam.sum())[::-1]   # trace(K / n) = 1 up to round-off
+  return np.sort(lam / lam.sum())[::-1]  # trace(K / n) = 1 up to round-off
 
 
 def vendi_score(embeddings, q: float = 1.0) -> float:
@@ -63,11 +64,12 @@ def vendi_score(embeddings, q: float = 1.0) -> float:
     return float(1.0 / lam.max())
   if q == 1:
     return float(np.exp(-np.sum(lam * np.log(lam))))
-  return float(np.exp(np.log(np.sum(lam ** q)) / (1.0 - q)))
+  return float(np.exp(np.log(np.sum(lam**q)) / (1.0 - q)))
 
 
-def pool_vendi(texts: Sequence[str], embed: Callable[[list[str]], np.ndarray],
-               q: float = 1.0) -> float:
+def pool_vendi(
+  texts: Sequence[str], embed: Callable[[list[str]], np.ndarray], q: float = 1.0
+) -> float:
   """Vendi score of a pool of texts under `embed(texts) -> (len(texts), dim)` embeddings;
   an error names the row, which is the index of the text."""
   texts = list(texts)
@@ -90,5 +92,5 @@ def hashed_ngrams(texts: Sequence[str], dim: int = 4096, n: int = 3) -> np.ndarr
     if t:
       t = t.ljust(n)
       for j in range(len(t) - n + 1):
-        out[i, zlib.crc32(t[j:j + n].encode("utf-8")) % dim] += 1.0
+        out[i, zlib.crc32(t[j : j + n].encode("utf-8")) % dim] += 1.0
   return out

@@ -44,7 +44,7 @@ def _template(name: str) -> str:
 
 # ------------------------------------------------------------------ difficulty bands
 BANDS = ("mastered", "mostly", "sometimes", "never")
-SEED_BANDS = ("mostly", "sometimes", "mixed")   # the main run, and the two ablations
+SEED_BANDS = ("mostly", "sometimes", "mixed")  # the main run, and the two ablations
 
 
 def _check(n: int, k: int) -> None:
@@ -69,8 +69,13 @@ def seed_range(name: str, k: int) -> tuple[int, int]:
   if k < 1:
     raise ValueError(f"k: expected k >= 1, got {k}")
   half = (k + 1) // 2
-  ranges = {"mostly": (half, k - 1), "sometimes": (1, half - 1), "mixed": (1, k - 1),
-            "mastered": (k, k), "never": (0, 0)}
+  ranges = {
+    "mostly": (half, k - 1),
+    "sometimes": (1, half - 1),
+    "mixed": (1, k - 1),
+    "mastered": (k, k),
+    "never": (0, 0),
+  }
   if name not in ranges:
     raise ValueError(f"band: expected one of {sorted(ranges)}, got {name!r}")
   return ranges[name]
@@ -88,31 +93,50 @@ class Operator:
   id: str
   name: str
   instruction: str
-  keywords: tuple[str, ...]   # words that name it in a plan reply written without ids
+  keywords: tuple[str, ...]  # words that name it in a plan reply written without ids
 
 
 OPERATORS: tuple[Operator, ...] = (
-    Operator("O1", "generalize, then specialize",
-             "Pick a quantity the seed keeps fixed, treat it as a free parameter, and set it "
-             "to a new concrete value where the same key fact still applies but plays out "
-             "differently (for instance, more cases must be compared). Making a number "
-             "bigger is not enough.", ("generaliz", "generalis", "speciali")),
-    Operator("O2", "parametrize and sum",
-             "Turn the seed's single configuration into a small indexed family of related "
-             "configurations and ask for an aggregate over the family, such as a sum. Every "
-             "term must be found with the seed's key fact.", ("parametri", "parameteri")),
-    Operator("O3", "change the queried quantity",
-             "Keep the setup, the given data and the relations of the seed, but ask for a "
-             "different unknown whose computation still goes through the seed's key fact.",
-             ("quer", "unknown")),
-    Operator("O4", "inverse problem",
-             "Where the seed gives parameters and asks for a result, fix a value of that "
-             "result instead and ask for a parameter that attains it (for instance the least "
-             "one). The relation connecting them stays the same.", ("inverse", "reverse")),
-    Operator("O5", "add a constraint layer",
-             "Place the seed's core computation inside a slightly larger problem that needs "
-             "one more routine step to reduce back to the core. The extra step must not call "
-             "for a new theorem.", ("constraint", "layer")),
+  Operator(
+    "O1",
+    "generalize, then specialize",
+    "Pick a quantity the seed keeps fixed, treat it as a free parameter, and set it "
+    "to a new concrete value where the same key fact still applies but plays out "
+    "differently (for instance, more cases must be compared). Making a number "
+    "bigger is not enough.",
+    ("generaliz", "generalis", "speciali"),
+  ),
+  Operator(
+    "O2",
+    "parametrize and sum",
+    "Turn the seed's single configuration into a small indexed family of related "
+    "configurations and ask for an aggregate over the family, such as a sum. Every "
+    "term must be found with the seed's key fact.",
+    ("parametri", "parameteri"),
+  ),
+  Operator(
+    "O3",
+    "change the queried quantity",
+    "Keep the setup, the given data and the relations of the seed, but ask for a "
+    "different unknown whose computation still goes through the seed's key fact.",
+    ("quer", "unknown"),
+  ),
+  Operator(
+    "O4",
+    "inverse problem",
+    "Where the seed gives parameters and asks for a result, fix a value of that "
+    "result instead and ask for a parameter that attains it (for instance the least "
+    "one). The relation connecting them stays the same.",
+    ("inverse", "reverse"),
+  ),
+  Operator(
+    "O5",
+    "add a constraint layer",
+    "Place the seed's core computation inside a slightly larger problem that needs "
+    "one more routine step to reduce back to the core. The extra step must not call "
+    "for a new theorem.",
+    ("constraint", "layer"),
+  ),
 )
 _BY_ID = {o.id: o for o in OPERATORS}
 
@@ -130,8 +154,7 @@ def plan_prompt(seed_problem: str, n: int = 3) -> str:
   """The planning call: all five operators shown, n of them to be chosen."""
   ops = "\n".join(f"{o.id} ({o.name}): {o.instruction}" for o in OPERATORS)
   example = ", ".join(o.id for o in OPERATORS[-n:])
-  return _template("plan").format(problem=seed_problem.strip(), operators=ops, n=n,
-                                  example=example)
+  return _template("plan").format(problem=seed_problem.strip(), operators=ops, n=n, example=example)
 
 
 def _picks(item: str) -> list[str]:
@@ -162,7 +185,7 @@ def parse_plan(text: str, n: int = 3) -> tuple[tuple[str, ...], list[str]]:
     notes.append("missing tag")
   else:
     for item in re.split(r"[,;\n]+", body):
-      for pick in (_picks(item) if item.strip() else []):
+      for pick in _picks(item) if item.strip() else []:
         if pick not in _BY_ID:
           notes.append(f"invalid pick: {pick}")
         elif pick in chosen:
@@ -182,19 +205,31 @@ def parse_plan(text: str, n: int = 3) -> tuple[tuple[str, ...], list[str]]:
 
 
 # ------------------------------------------------------------------ generation
-def variant_prompt(seed_problem: str, seed_answer: str, op: str | Operator,
-                   reference_solution: str | None = None, integer_answer: bool = False) -> str:
+def variant_prompt(
+  seed_problem: str,
+  seed_answer: str,
+  op: str | Operator,
+  reference_solution: str | None = None,
+  integer_answer: bool = False,
+) -> str:
   """One generation call: seed, its answer, a reference solution when there is one, and
   the operator's full instruction. `integer_answer` asks for an integer (AIME)."""
   o = operator(op)
-  reference = (f"A correct solution of the seed, for reference:\n{reference_solution.strip()}"
-               if reference_solution and reference_solution.strip()
-               else "No reference solution is available for the seed.")
+  reference = (
+    f"A correct solution of the seed, for reference:\n{reference_solution.strip()}"
+    if reference_solution and reference_solution.strip()
+    else "No reference solution is available for the seed."
+  )
   rule = "\n- Its final answer is a single integer." if integer_answer else ""
-  return _template("variant").format(problem=seed_problem.strip(), answer=seed_answer.strip(),
-                                     reference=reference, operator_id=o.id,
-                                     operator_name=o.name, instruction=o.instruction,
-                                     answer_rule=rule)
+  return _template("variant").format(
+    problem=seed_problem.strip(),
+    answer=seed_answer.strip(),
+    reference=reference,
+    operator_id=o.id,
+    operator_name=o.name,
+    instruction=o.instruction,
+    answer_rule=rule,
+  )
 
 
 _ABSTAIN = re.compile(r"<\s*abstain\s*/?\s*>", re.IGNORECASE)
@@ -228,9 +263,12 @@ def normalise_statement(text: str) -> str:
   return " ".join(text.split()).casefold()
 
 
-def reject_variants(parent_answer: str, variants: Sequence[tuple[str, str]],
-                    equivalent: Callable[[str, str], bool] = default_equivalent,
-                    seen: Iterable[str] = ()) -> list[str]:
+def reject_variants(
+  parent_answer: str,
+  variants: Sequence[tuple[str, str]],
+  equivalent: Callable[[str, str], bool] = default_equivalent,
+  seen: Iterable[str] = (),
+) -> list[str]:
   """Per (problem, answer) variant of one parent: "accepted", "same answer as parent"
   (the paper's check against copies and answer-preserving rewrites), or "duplicate"
   (same normalised statement as an earlier accepted variant here, or as a statement in
@@ -253,6 +291,7 @@ def reject_variants(parent_answer: str, variants: Sequence[tuple[str, str]],
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """A training problem with its lineage; n = correct of k rollouts (None until scored)."""
+
   id: str
   parent_id: str
   operator: str
@@ -288,7 +327,7 @@ def select_rl(variants: Sequence[Variant], N: int = 300, k: int = 16) -> list[Va
     ids.add(v.id)
 
   def order(v: Variant) -> tuple[int, str]:
-    return abs(2 * v.n - k), v.id   # 2d: same order as d, exact for odd k
+    return abs(2 * v.n - k), v.id  # 2d: same order as d, exact for odd k
 
   eligible = sorted((v for v in variants if 1 <= v.n <= k - 1), key=order)
   if len(eligible) <= N:
@@ -308,13 +347,13 @@ def select_rl(variants: Sequence[Variant], N: int = 300, k: int = 16) -> list[Va
         chosen.append(v)
         taken.add(v.id)
         per_seed[v.parent_id] += 1
-    for v in eligible:   # cap relaxed
+    for v in eligible:  # cap relaxed
       if len(chosen) >= N:
         break
       if v.id not in taken:
         chosen.append(v)
         taken.add(v.id)
-  for extreme in (0, k):   # degenerate top-up, last resort
+  for extreme in (0, k):  # degenerate top-up, last resort
     for v in sorted((v for v in variants if v.n == extreme), key=order):
       if len(chosen) >= N:
         break
@@ -322,8 +361,9 @@ def select_rl(variants: Sequence[Variant], N: int = 300, k: int = 16) -> list[Va
   return chosen
 
 
-def next_seeds(selected: Sequence[Variant], rescored_counts: Mapping[str, int], k: int,
-               band: str = "mostly") -> list[Variant]:
+def next_seeds(
+  selected: Sequence[Variant], rescored_counts: Mapping[str, int], k: int, band: str = "mostly"
+) -> list[Variant]:
   """S_{t+1} = {q in R_t : n_{t+1}(q) in the seed band}, carrying the new count.
   Every selected variant must have been re-scored (the paper re-scores all of R_t)."""
   out = []

@@ -48,8 +48,9 @@ def extract_problem(text: str, max_chars: int = MAX_PROBLEM_CHARS) -> str | None
   return problem
 
 
-def synthesis_reward(acc: float, lo: float = 0.125, hi: float = 0.625,
-                     naive: bool = False) -> float:
+def synthesis_reward(
+  acc: float, lo: float = 0.125, hi: float = 0.625, naive: bool = False
+) -> float:
   """R_V of a synthetic problem from its solve accuracy: 1 if lo <= acc <= hi (1..5 of 8)
   else 0; the naive ablation rewards any acc > 0 (exploitable by answer hints)."""
   if naive:
@@ -59,19 +60,19 @@ def synthesis_reward(acc: float, lo: float = 0.125, hi: float = 0.625,
 
 @dataclasses.dataclass(frozen=True)
 class SvSConfig:
-  under_lo: float = 0.125          # underperforming band (SvS-Asp: 0.375 .. 0.75)
+  under_lo: float = 0.125  # underperforming band (SvS-Asp: 0.375 .. 0.75)
   under_hi: float = 0.5
-  reward_lo: float = 0.125         # synthesis reward band
+  reward_lo: float = 0.125  # synthesis reward band
   reward_hi: float = 0.625
   naive_reward: bool = False
   syntheses_per_solution: int = 8  # G_v
-  type2_keep_ratio: float = 1.0    # fraction of mixed synthesis groups kept (paper ablates 0.2)
+  type2_keep_ratio: float = 1.0  # fraction of mixed synthesis groups kept (paper ablates 0.2)
   max_problem_chars: int = MAX_PROBLEM_CHARS
-  mode: str = "svs"                # "svs" or "eup" (second rollout instead of synthesis)
-  refill_originals: bool = True    # False: the authors' loop, prompts_per_step originals sampled
-                                   # once, the mixed ones kept; True: dynamic-sampling refill
-  template: str = "default"        # synthesis prompt: "default" (our wording), "arithmetic"
-                                   # (the procedural task's) or a file path
+  mode: str = "svs"  # "svs" or "eup" (second rollout instead of synthesis)
+  refill_originals: bool = True  # False: the authors' loop, prompts_per_step originals sampled
+  # once, the mixed ones kept; True: dynamic-sampling refill
+  template: str = "default"  # synthesis prompt: "default" (our wording), "arithmetic"
+  # (the procedural task's) or a file path
 
   def __post_init__(self):
     if not 0 <= self.under_lo <= self.under_hi <= 1:
@@ -90,8 +91,9 @@ def _mixed(rewards: Sequence[float]) -> bool:
   return len(set(rewards)) > 1
 
 
-def synthesis_rewards(synthetic_accs: Sequence[float | None], cfg: SvSConfig,
-                      rng: random.Random) -> tuple[float, ...] | None:
+def synthesis_rewards(
+  synthetic_accs: Sequence[float | None], cfg: SvSConfig, rng: random.Random
+) -> tuple[float, ...] | None:
   """Type 2: the R_V rewards of the G_v syntheses of one correct response, or None
   when that synthesis group is not kept.
 
@@ -99,9 +101,10 @@ def synthesis_rewards(synthetic_accs: Sequence[float | None], cfg: SvSConfig,
   no problem could be extracted (reward 0). Kept only when rewards are mixed,
   then with probability type2_keep_ratio.
   """
-  rewards = [0.0 if a is None else synthesis_reward(a, cfg.reward_lo, cfg.reward_hi,
-                                                    cfg.naive_reward)
-             for a in synthetic_accs]
+  rewards = [
+    0.0 if a is None else synthesis_reward(a, cfg.reward_lo, cfg.reward_hi, cfg.naive_reward)
+    for a in synthetic_accs
+  ]
   if not _mixed(rewards) or rng.random() >= cfg.type2_keep_ratio:
     return None
   return tuple(rewards)

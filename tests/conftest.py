@@ -15,15 +15,27 @@ import jax  # noqa: E402
 # 8 fake CPU devices for sharding tests; single-device code runs on device 0.
 jax.config.update("jax_num_cpu_devices", 8)
 
-LLAMA3_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                      original_max_position_embeddings=64)
+LLAMA3_SCALING = dict(
+  factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+)
 # Three families, sized so every code path runs (GQA, tied/untied, rope scaling).
 TINY_FAMILIES = {
-    "qwen2": dict(family="qwen2", tie_word_embeddings=True),
-    "qwen3": dict(family="qwen3", tie_word_embeddings=False, num_heads=4, num_kv_heads=1,
-                  head_dim=64, rope_theta=1e6),
-    "llama": dict(family="llama", tie_word_embeddings=False, rope_theta=500000.0,
-                  rope_scaling=LLAMA3_SCALING, num_layers=3),
+  "qwen2": dict(family="qwen2", tie_word_embeddings=True),
+  "qwen3": dict(
+    family="qwen3",
+    tie_word_embeddings=False,
+    num_heads=4,
+    num_kv_heads=1,
+    head_dim=64,
+    rope_theta=1e6,
+  ),
+  "llama": dict(
+    family="llama",
+    tie_word_embeddings=False,
+    rope_theta=500000.0,
+    rope_scaling=LLAMA3_SCALING,
+    num_layers=3,
+  ),
 }
 
 
@@ -31,9 +43,12 @@ TINY_FAMILIES = {
 def tiny_dirs(tmp_path_factory):
   """{family: HF dir} of random tiny models (init std 0.1 for peaked distributions)."""
   from rlvr import model
+
   root = tmp_path_factory.mktemp("tiny")
-  return {name: model.make_tiny(str(root / name), seed=i, init_std=0.1, **kw)
-          for i, (name, kw) in enumerate(TINY_FAMILIES.items())}
+  return {
+    name: model.make_tiny(str(root / name), seed=i, init_std=0.1, **kw)
+    for i, (name, kw) in enumerate(TINY_FAMILIES.items())
+  }
 
 
 @pytest.fixture(scope="session")
@@ -46,12 +61,18 @@ def served_model_dir(tmp_path_factory, tiny_dirs):
   from transformers import AutoTokenizer
 
   from rlvr import model
+
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   # Move away from the factory's weights so the served copy is save_hf's own.
   params = jax.tree.map(lambda p: p * 1.1, params)
   out = str(tmp_path_factory.mktemp("served") / "policy")
-  model.save_hf(out, cfg, params, tokenizer=AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]),
-                untie_embeddings=True)
+  model.save_hf(
+    out,
+    cfg,
+    params,
+    tokenizer=AutoTokenizer.from_pretrained(tiny_dirs["qwen2"]),
+    untie_embeddings=True,
+  )
   return out
 
 
@@ -59,6 +80,7 @@ def served_model_dir(tmp_path_factory, tiny_dirs):
 def vllm_server(served_model_dir):
   """One real vLLM CPU server for the whole session (never skipped: CI installs it)."""
   from rlvr.sampling.vllm_server import ServerOptions, start_server
+
   server = start_server(served_model_dir, ServerOptions(max_model_len=1024))
   print(f"\nvLLM server up at {server.url} after {server.startup_s:.1f}s")
   yield server
@@ -75,8 +97,12 @@ def one_device_learner():
     mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
     lc = learner.LearnerConfig(learning_rate=lr, **learner_fields)
     to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
-    return (learner.init_state(cfg, lc, params, mesh), learner.make_update_fn(cfg, lc, mesh),
-            to_batch)
+    return (
+      learner.init_state(cfg, lc, params, mesh),
+      learner.make_update_fn(cfg, lc, mesh),
+      to_batch,
+    )
+
   return make
 
 
@@ -92,14 +118,30 @@ def arithmetic_policy(tiny_dirs, tmp_path_factory):
   from rlvr import learner, sharding
   from rlvr.sft import train_sft
   from rlvr.tasks import arithmetic
+
   train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
   pairs = [(p.problem, p.solution) for p in train[:300]]
   pairs += [arithmetic.inverse_pair(p) for p in train[:300]]
-  lc = learner.LearnerConfig(learning_rate=3e-3, weight_decay=0.0, lr_schedule="cosine",
-                             warmup_steps=20, total_steps=300, min_lr_ratio=0.1, dual_clip=None)
+  lc = learner.LearnerConfig(
+    learning_rate=3e-3,
+    weight_decay=0.0,
+    lr_schedule="cosine",
+    warmup_steps=20,
+    total_steps=300,
+    min_lr_ratio=0.1,
+    dual_clip=None,
+  )
   mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  out = train_sft(tiny_dirs["qwen2"], pairs, str(tmp_path_factory.mktemp("svs_sft")),
-                  learner_cfg=lc, mesh=mesh, steps=300, batch_size=32, progress=False)
+  out = train_sft(
+    tiny_dirs["qwen2"],
+    pairs,
+    str(tmp_path_factory.mktemp("svs_sft")),
+    learner_cfg=lc,
+    mesh=mesh,
+    steps=300,
+    batch_size=32,
+    progress=False,
+  )
   return out, train[300:]
 
 
@@ -107,12 +149,14 @@ def arithmetic_policy(tiny_dirs, tmp_path_factory):
 def arithmetic_score():
   """The real math-verify scorer with integer answers: (texts, golds) -> (rewards, correct)."""
   from rlvr.rewards import RewardConfig, RewardPool
+
   with RewardPool(workers=1) as pool:
     rc = RewardConfig(integer_answers=True)
 
     def fn(texts, golds):
       res = pool.score(texts, golds, rc)
       return res.rewards, res.correct
+
     yield fn
 
 

@@ -22,8 +22,7 @@ class Counting(plain.Plain):
   def buffer(self, env, step):
     groups, m = super().buffer(env, step)
     self.calls += 1
-    return groups, dict(m, counting_calls=self.calls,
-                        counting_position=self.pool.stream.position)
+    return groups, dict(m, counting_calls=self.calls, counting_position=self.pool.stream.position)
 
   def state(self):
     return dict(super().state(), calls=self.calls)

@@ -1,7 +1,7 @@
 """Learner runs in their own processes (multi-host, resume); also imported by tests.
 
-  python tests/learner_worker.py --model DIR --out OUT.npz --steps 3 --mesh fsdp=4
-      [--process_id I --num_processes N --port P] [--ckpt DIR --save_at K | --resume]
+python tests/learner_worker.py --model DIR --out OUT.npz --steps 3 --mesh fsdp=4
+    [--process_id I --num_processes N --port P] [--ckpt DIR --save_at K | --resume]
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ def make_batch(step: int, vocab: int):
   tokens = rng.randint(3, vocab - 70, (B, T)).astype(np.int32)
   seg = np.ones((B, T), np.int32)
   for i in range(B):
-    seg[i, :rng.randint(0, 6)] = 0
+    seg[i, : rng.randint(0, 6)] = 0
   tokens = np.where(seg == 1, tokens, 0)
   loss_mask = np.zeros((B, T), np.float32)
   loss_mask[:, 16:] = 1
   for i in range(B):
-    loss_mask[i, 16 + rng.randint(4, T - 16):] = 0  # ragged completion lengths
+    loss_mask[i, 16 + rng.randint(4, T - 16) :] = 0  # ragged completion lengths
   adv = rng.randn(B).astype(np.float32)
   return dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=loss_mask, advantages_b=adv)
 
@@ -38,8 +38,10 @@ def learner_config(**kw):
   difference for gradients near 1e-6. With eps 1e-3 the update stays proportional to
   the gradient there, so comparing weights at rtol 1e-5 checks the gradients."""
   from rlvr import learner
-  return learner.LearnerConfig(**{"learning_rate": 1e-3, "weight_decay": 0.01,
-                                  "adam_eps": 1e-3, **kw})
+
+  return learner.LearnerConfig(
+    **{"learning_rate": 1e-3, "weight_decay": 0.01, "adam_eps": 1e-3, **kw}
+  )
 
 
 def parse_mesh(s: str) -> dict[str, int]:
@@ -63,8 +65,10 @@ def main():
   a = ap.parse_args()
 
   import jax
+
   jax.config.update("jax_num_cpu_devices", a.devices)
   from rlvr import checkpoint, distributed, learner, model, sharding
+
   if a.num_processes > 1:
     distributed.initialize(f"127.0.0.1:{a.port}", a.num_processes, a.process_id)
   cfg, params = model.load_hf(a.model)
@@ -81,18 +85,21 @@ def main():
   for step in range(start, a.steps):
     full = make_batch(step, cfg.vocab_size)
     rows = B // a.num_processes
-    local = {k: v[a.process_id * rows:(a.process_id + 1) * rows] for k, v in full.items()}
+    local = {k: v[a.process_id * rows : (a.process_id + 1) * rows] for k, v in full.items()}
     batch = learner.TrainBatch(**distributed.global_batch(local, mesh))
     state, metrics = update(state, batch)
     if mngr is not None and step + 1 == a.save_at:
       checkpoint.save(mngr, state, {"data_position": step + 1})
-  if a.export:   # every process calls it: tensors are gathered one by one, process 0 writes
+  if a.export:  # every process calls it: tensors are gathered one by one, process 0 writes
     model.save_hf(a.export, cfg, state.params)
   from jax.experimental import multihost_utils
+
   host = multihost_utils.process_allgather(state.params, tiled=True)
   if a.process_id == 0:
-    flat = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
-            for path, v in jax.tree_util.tree_leaves_with_path(host)}
+    flat = {
+      "/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+      for path, v in jax.tree_util.tree_leaves_with_path(host)
+    }
     flat["__step__"] = np.asarray(jax.device_get(state.step))
     np.savez(a.out, **flat)
   if mngr is not None:

@@ -1,6 +1,6 @@
 """One process of the two-process ProcessSplitSampler test (see test_multihost.py).
 
-  python split_sampler_worker.py COORDINATOR PROCESS_ID SERVER_URL MODEL_NAME MODEL_DIR OUT
+python split_sampler_worker.py COORDINATOR PROCESS_ID SERVER_URL MODEL_NAME MODEL_DIR OUT
 """
 
 from __future__ import annotations
@@ -18,16 +18,20 @@ def main(coordinator, process_id, url, model_name, model_dir, out):
   from rlvr.sampling import SamplingParams
   from rlvr.sampling.split import ProcessSplitSampler
   from rlvr.sampling.vllm_sampler import VLLMSampler
+
   distributed.initialize(coordinator, 2, int(process_id))
   cfg = ModelConfig.from_hf(model_dir)
-  sampler = ProcessSplitSampler(VLLMSampler(url, model_config=cfg, eos_token_id=cfg.eos_token_id,
-                                            model_name=model_name))
+  sampler = ProcessSplitSampler(
+    VLLMSampler(url, model_config=cfg, eos_token_id=cfg.eos_token_id, model_name=model_name)
+  )
   prompts = json.loads(os.environ["SPLIT_PROMPTS"])
   sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, logprobs=True, seed=7)
   groups = sampler.generate(prompts, sp)
   with open(out, "w") as f:
-    json.dump([[[list(c.token_ids), list(c.logprobs), c.text, c.finish_reason]
-                for c in g] for g in groups], f)
+    json.dump(
+      [[[list(c.token_ids), list(c.logprobs), c.text, c.finish_reason] for c in g] for g in groups],
+      f,
+    )
 
 
 if __name__ == "__main__":

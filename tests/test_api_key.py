@@ -30,8 +30,9 @@ KEY = "rlvr-test-key"
 def keyed_server(served_model_dir, tmp_path_factory):
   """The session's served model behind a second server that requires KEY."""
   log = str(tmp_path_factory.mktemp("keyed") / "vllm.log")
-  server = start_server(served_model_dir, ServerOptions(max_model_len=1024, api_key=KEY),
-                        log_path=log)
+  server = start_server(
+    served_model_dir, ServerOptions(max_model_len=1024, api_key=KEY), log_path=log
+  )
   print(f"\nkeyed vLLM server up at {server.url} after {server.startup_s:.1f}s")
   yield server
   server.stop()
@@ -45,23 +46,31 @@ def _qbq_config(url: str, api_key: str, workdir: str):
   return cfg
 
 
-def test_qbq_teacher_sends_the_configured_or_environment_key(keyed_server, tmp_path,
-                                                            monkeypatch):
+def test_qbq_teacher_sends_the_configured_or_environment_key(keyed_server, tmp_path, monkeypatch):
   monkeypatch.delenv(API_KEY_ENV, raising=False)
   with pytest.raises(AssistantError, match=f"{keyed_server.url}/v1/models: HTTP 401"):
     qbq_method.make(_qbq_config(keyed_server.url, "", str(tmp_path)), [])
-  with pytest.raises(AssistantError, match="HTTP 401"):   # a wrong key is no key
+  with pytest.raises(AssistantError, match="HTTP 401"):  # a wrong key is no key
     qbq_method.make(_qbq_config(keyed_server.url, "wrong", str(tmp_path)), [])
   method = qbq_method.make(_qbq_config(keyed_server.url, KEY, str(tmp_path)), [])
   assert [type(t) for t in method.external(["Compute 1+1.", "Compute 2+3."])] == [str, str]
-  monkeypatch.setenv(API_KEY_ENV, KEY)   # sampler.api_key unset: the environment's key
+  monkeypatch.setenv(API_KEY_ENV, KEY)  # sampler.api_key unset: the environment's key
   method = qbq_method.make(_qbq_config(keyed_server.url, "", str(tmp_path)), [])
   assert isinstance(method.external(["Compute 1+1."])[0], str)
 
 
 def _compose(out: str, url: str, env: dict, *extra: str) -> subprocess.CompletedProcess:
-  cmd = [sys.executable, "-m", "launch.compose", f"--source={AIME}", f"--out={out}",
-         f"--url={url}", "--n=1", "--max_tokens=16", *extra]
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.compose",
+    f"--source={AIME}",
+    f"--out={out}",
+    f"--url={url}",
+    "--n=1",
+    "--max_tokens=16",
+    *extra,
+  ]
   return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -69,8 +78,10 @@ def test_launch_compose_sends_the_flag_or_environment_key(keyed_server, tmp_path
   env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
   r = _compose(str(tmp_path / "none.jsonl"), keyed_server.url, env)
   assert r.returncode == 1 and "HTTP 401" in r.stderr, r.stderr[-2000:]
-  for name, run_env, extra in (("flag", env, [f"--api_key={KEY}"]),
-                               ("env", dict(env, **{API_KEY_ENV: KEY}), [])):
+  for name, run_env, extra in (
+    ("flag", env, [f"--api_key={KEY}"]),
+    ("env", dict(env, **{API_KEY_ENV: KEY}), []),
+  ):
     out = str(tmp_path / f"{name}.jsonl")
     r = _compose(out, keyed_server.url, run_env, *extra)
     assert r.returncode == 0, (name, r.stderr[-2000:])
@@ -80,15 +91,17 @@ def test_launch_compose_sends_the_flag_or_environment_key(keyed_server, tmp_path
     assert "error" not in report["this_run"], (name, report)
 
 
-def test_vllm_sampler_sends_the_given_or_environment_key(keyed_server, served_model_dir,
-                                                        monkeypatch):
+def test_vllm_sampler_sends_the_given_or_environment_key(
+  keyed_server, served_model_dir, monkeypatch
+):
   monkeypatch.delenv(API_KEY_ENV, raising=False)
   cfg = ModelConfig.from_hf(served_model_dir)
   sp = SamplingParams(n=1, max_tokens=4, ignore_eos=True)
 
   def generate(api_key):
-    sampler = VLLMSampler(keyed_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
-                          api_key=api_key, retries=0)
+    sampler = VLLMSampler(
+      keyed_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id, api_key=api_key, retries=0
+    )
     try:
       return sampler.generate([[5, 6, 7]], sp)
     finally:

@@ -43,8 +43,10 @@ def test_solutions_are_correct_steps_ending_in_the_boxed_answer(difficulty):
 
 def test_difficulty_sets_the_number_of_operations():
   for d in (1, 2, 3):
-    counts = {len(re.findall(r"[+\-*]", _expression(p)))
-              for p in arithmetic.generate(200, difficulty=d, seed=0)}
+    counts = {
+      len(re.findall(r"[+\-*]", _expression(p)))
+      for p in arithmetic.generate(200, difficulty=d, seed=0)
+    }
     assert counts == {d + 1}
   with pytest.raises(ValueError, match="difficulty"):
     arithmetic.generate(1, difficulty=0)
@@ -70,8 +72,9 @@ def test_splits_are_disjoint_distinct_and_stable_across_seeds():
   train_all = {p.problem for p in train0 + train1}
   assert not train_all & {p.problem for p in held0 + held1}
   # Membership is a function of the text alone, pinned so it never drifts.
-  assert arithmetic.split("Compute 12+7*3.") == arithmetic.split(arithmetic.Problem(
-      "Compute 12+7*3.", "", "33", 1))
+  assert arithmetic.split("Compute 12+7*3.") == arithmetic.split(
+    arithmetic.Problem("Compute 12+7*3.", "", "33", 1)
+  )
   fraction = np.mean([arithmetic.split(p) == "heldout" for p in arithmetic.generate(5000, seed=9)])
   assert abs(fraction - arithmetic.HELDOUT_FRACTION) < 0.02
 
@@ -89,12 +92,18 @@ def test_inverse_pair_and_examples():
   assert target == f"```text\n{p.problem}\n```"
   (e,) = arithmetic.to_examples([p])
   assert (e.problem, e.answer, e.solution, e.index, e.source) == (
-      p.problem, p.answer, p.solution, 0, "arithmetic-d1")
+    p.problem,
+    p.answer,
+    p.solution,
+    0,
+    "arithmetic-d1",
+  )
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
   from rlvr.model import train_tokenizer
+
   return train_tokenizer(str(tmp_path_factory.mktemp("tok")))
 
 
@@ -106,14 +115,21 @@ def test_token_lengths_fit_the_tiny_budget(tokenizer):
     bare = [len(data.format_prompt(tokenizer, p.problem, instruction="")) for p in problems]
     instr = [len(data.format_prompt(tokenizer, p.problem)) for p in problems]
     sol = [len(tokenizer(p.solution)["input_ids"]) + 1 for p in problems]  # + <|im_end|>
-    inv_p = [len(data.format_prompt(tokenizer, arithmetic.inverse_pair(p)[0], instruction=""))
-             for p in problems]
+    inv_p = [
+      len(data.format_prompt(tokenizer, arithmetic.inverse_pair(p)[0], instruction=""))
+      for p in problems
+    ]
     inv_t = [len(tokenizer(arithmetic.inverse_pair(p)[1])["input_ids"]) + 1 for p in problems]
-    for name, xs in (("prompt (no instruction)", bare), ("prompt (DEFAULT_INSTRUCTION)", instr),
-                     ("solution + eos", sol), ("inverse prompt", inv_p),
-                     ("inverse target + eos", inv_t)):
-      rows.append(f"d={d} {name:28s} mean {np.mean(xs):5.1f}  median {np.median(xs):4.0f}"
-                  f"  max {max(xs)}")
+    for name, xs in (
+      ("prompt (no instruction)", bare),
+      ("prompt (DEFAULT_INSTRUCTION)", instr),
+      ("solution + eos", sol),
+      ("inverse prompt", inv_p),
+      ("inverse target + eos", inv_t),
+    ):
+      rows.append(
+        f"d={d} {name:28s} mean {np.mean(xs):5.1f}  median {np.median(xs):4.0f}  max {max(xs)}"
+      )
     if d == 1:
       assert max(sol) <= 48 and max(inv_t) <= 48
   print("\n" + "\n".join(rows))
@@ -123,9 +139,15 @@ def test_answer_of_recomputes_our_problems_and_rejects_drifted_text():
   problems = arithmetic.generate(200, difficulty=2, seed=5)
   assert all(arithmetic.answer_of(p.problem) == p.answer for p in problems)
   assert arithmetic.answer_of("Compute 12+7*3.") == "33"
-  assert arithmetic.answer_of("Compute 2*3*4+1") == "25"        # period optional
-  assert arithmetic.answer_of("Compute 3-4*2.") == "-5"          # negatives are fine here
+  assert arithmetic.answer_of("Compute 2*3*4+1") == "25"  # period optional
+  assert arithmetic.answer_of("Compute 3-4*2.") == "-5"  # negatives are fine here
   assert arithmetic.answer_of("Compute 7.") == "7"
-  for drifted in ("Compute x+1.", "Compute 1+2. Then 3.", "compute 1+2.", "1+2", "Compute 1++2.",
-                  ""):
+  for drifted in (
+    "Compute x+1.",
+    "Compute 1+2. Then 3.",
+    "compute 1+2.",
+    "1+2",
+    "Compute 1++2.",
+    "",
+  ):
     assert arithmetic.answer_of(drifted) is None, drifted

@@ -32,8 +32,15 @@ def _write_jsonl(path, rows):
 
 
 def _compose(out, source, url, *extra, wait=True, **kw):
-  cmd = [sys.executable, "-m", "launch.compose", f"--source={source}", f"--out={out}",
-         f"--url={url}", *extra]
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.compose",
+    f"--source={source}",
+    f"--out={out}",
+    f"--url={url}",
+    *extra,
+  ]
   if not wait:
     return subprocess.Popen(cmd, cwd=REPO, **kw)
   return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -65,24 +72,28 @@ def _check_report(out, n):
 # ------------------------------------------------------------------ pure parts
 def test_finished_ids_ignore_a_line_cut_short_by_a_kill(tmp_path):
   out = str(tmp_path / "composed.jsonl")
-  good = [{"id": "c0", "problem": "p0", "answer": "1"}, {"id": "c1", "problem": "p1",
-                                                          "answer": "2"}]
+  good = [
+    {"id": "c0", "problem": "p0", "answer": "1"},
+    {"id": "c1", "problem": "p1", "answer": "2"},
+  ]
   with open(out, "w") as f:
     f.write("".join(json.dumps(r) + "\n" for r in good) + '{"id": "c2", "probl')
   with open(cr.rejected_path(out), "w") as f:
     # c3 finished; c4's line is whole JSON but lacks its newline: cut short all the same.
-    f.write('{"id": "c3", "stage": "define", "reason": "missing tag"}\n'
-            'not json at all\n{"id": "c4", "stage": "define", "reason": "missing tag"}')
+    f.write(
+      '{"id": "c3", "stage": "define", "reason": "missing tag"}\n'
+      'not json at all\n{"id": "c4", "stage": "define", "reason": "missing tag"}'
+    )
   assert cr.finished_ids(out) == {"c0", "c1", "c3"}
   assert cr.finished_ids(str(tmp_path / "missing.jsonl")) == set()
   assert cr.drop_partial_tail(out) == len('{"id": "c2", "probl')
   assert cr.drop_partial_tail(out) == 0 and cr.drop_partial_tail(str(tmp_path / "none")) == 0
-  with open(out, "a") as f:   # appending after the repair gives whole lines only
+  with open(out, "a") as f:  # appending after the repair gives whole lines only
     f.write(json.dumps({"id": "c2", "problem": "p2", "answer": "3"}) + "\n")
   assert _ids(out) == ["c0", "c1", "c2"]
   assert [e.answer for e in read_dataset(out, on_bad_row="error")] == ["1", "2", "3"]
   one_line = tmp_path / "one.jsonl"
-  one_line.write_text('{"id": "c0", "pro')   # no newline anywhere: nothing survives
+  one_line.write_text('{"id": "c0", "pro')  # no newline anywhere: nothing survives
   assert cr.drop_partial_tail(str(one_line)) == 17 and one_line.read_text() == ""
 
 
@@ -96,7 +107,7 @@ def test_the_plan_is_fixed_by_the_seed_and_a_larger_n_extends_it():
   assert [p.chain for p in plan] != [p.chain for p in other]
   for p in again:
     assert len(p.chain) == 3 and len({q.id for q in p.chain}) == 3
-    assert all(comp.numbers_in(q.answer) for q in p.chain[:2])   # q1, q2 open a Compose
+    assert all(comp.numbers_in(q.answer) for q in p.chain[:2])  # q1, q2 open a Compose
   assert len({p.chain[0].id for p in cr.make_plan(problems, None, 2, 200, 5, 0)}) <= 5
   pairs = cr.make_plan(problems[:10], problems[10:20], 2, 8, 20, seed=0)
   assert all(a in problems[:10] and b in problems[10:20] for a, b in (p.chain for p in pairs))
@@ -104,19 +115,23 @@ def test_the_plan_is_fixed_by_the_seed_and_a_larger_n_extends_it():
   openers = [q for q in problems if comp.numbers_in(q.answer)]
   rng = random.Random(0)
   pools = comp.surrogate_pools(openers, 3, 20, rng)
-  assert [p.chain for p in again] == [tuple(comp.draw_chain(problems, pools, rng))
-                                      for _ in range(10)]
+  assert [p.chain for p in again] == [
+    tuple(comp.draw_chain(problems, pools, rng)) for _ in range(10)
+  ]
   first = [q for q in problems[:10] if comp.numbers_in(q.answer)]
-  assert [p.chain for p in pairs] == comp.cross_domain_pairs(first, problems[10:20], 8,
-                                                             random.Random(0))
+  assert [p.chain for p in pairs] == comp.cross_domain_pairs(
+    first, problems[10:20], 8, random.Random(0)
+  )
 
 
 def test_the_funnel_counts_each_id_once_per_level_and_stage():
   acc = [{"id": "c0"}]
-  rej = [{"id": "c1", "level": 1, "stage": "define", "reason": "missing tag"},
-         {"id": "c2", "level": 1, "stage": "v2", "reason": "v2 recomputation differs"},
-         {"id": "c3", "level": 2, "stage": "define", "reason": "missing tag", "error": "long"},
-         {"id": "c1", "level": 1, "stage": "define", "reason": "missing tag"}]   # duplicate
+  rej = [
+    {"id": "c1", "level": 1, "stage": "define", "reason": "missing tag"},
+    {"id": "c2", "level": 1, "stage": "v2", "reason": "v2 recomputation differs"},
+    {"id": "c3", "level": 2, "stage": "define", "reason": "missing tag", "error": "long"},
+    {"id": "c1", "level": 1, "stage": "define", "reason": "missing tag"},
+  ]  # duplicate
   report = cr.funnel_report(acc, rej, depth=3, planned=5)
   assert (report["finished"], report["accepted"], report["rejected"]) == (4, 1, 3)
   steps = {(s["level"], s["stage"]): (s["entered"], s["passed"]) for s in report["funnel"]}
@@ -131,10 +146,12 @@ def test_accepted_rows_carry_provenance_and_load_back_by_depth(tmp_path):
   """compose_one with test_composition's rule-following assistant (hand-written outputs,
   no server): accepted rows at depths 2 and 3 and across domains load with read_dataset,
   their source naming the depth (what method="composition" reads)."""
-  src = _write_jsonl(tmp_path / "easy.jsonl", [{"problem": q.text, "answer": q.answer,
-                                                 "data_source": "easy"} for q in (Q1, Q2, Q3)])
+  src = _write_jsonl(
+    tmp_path / "easy.jsonl",
+    [{"problem": q.text, "answer": q.answer, "data_source": "easy"} for q in (Q1, Q2, Q3)],
+  )
 
-  def answer(prompt):   # the rule-following assistant, silent where its rule finds no number
+  def answer(prompt):  # the rule-following assistant, silent where its rule finds no number
     try:
       return generic_assistant([prompt])[0]
     except AttributeError:
@@ -148,8 +165,11 @@ def test_accepted_rows_carry_provenance_and_load_back_by_depth(tmp_path):
     rej = [r for r in rows if "problem" not in r]
     # The assistant replaces the first number of the last paragraph; Q1 states one
     # number, so a depth-3 chain ending in Q1 has none left for the outer Compose.
-    assert all((r["level"], r["stage"], r["reason"], r["source_ids"][-1])
-               == (2, "replace", "missing tag", "easy:0") for r in rej), rej
+    assert all(
+      (r["level"], r["stage"], r["reason"], r["source_ids"][-1])
+      == (2, "replace", "missing tag", "easy:0")
+      for r in rej
+    ), rej
     assert acc
     out = _write_jsonl(tmp_path / f"d{depth}.jsonl", acc)
     loaded = read_dataset(out, on_bad_row="error")
@@ -169,6 +189,7 @@ def test_accepted_rows_carry_provenance_and_load_back_by_depth(tmp_path):
 
 def test_an_unreachable_assistant_fails_fast_naming_the_url():
   from rlvr.sampling.vllm_server import free_port
+
   dead = f"http://127.0.0.1:{free_port()}"
   t0 = time.time()
   with pytest.raises(AssistantError, match=f"{dead}/v1/chat/completions: failed after 2"):
@@ -180,13 +201,17 @@ def test_an_unreachable_assistant_fails_fast_naming_the_url():
 def test_bad_flags_sources_and_settings_fail_in_one_line(tmp_path, vllm_server):
   url = vllm_server.url
   name = f"--model={vllm_server.options.served_model_name}"
-  src = _write_jsonl(tmp_path / "easy.jsonl", [{"problem": Q1.text, "answer": "6"},
-                                               {"problem": Q2.text, "answer": "15"}])
+  src = _write_jsonl(
+    tmp_path / "easy.jsonl",
+    [{"problem": Q1.text, "answer": "6"}, {"problem": Q2.text, "answer": "15"}],
+  )
   out = str(tmp_path / "o.jsonl")
-  cases = [((f"--source={tmp_path}/none.jsonl", ), "cannot read the source"),
-           (("--depth=1",), "--depth must be >= 2"),
-           (("--bogus=1",), "bogus"),
-           (("--n=4", "--depth=3"), "could not draw distinct problems")]
+  cases = [
+    ((f"--source={tmp_path}/none.jsonl",), "cannot read the source"),
+    (("--depth=1",), "--depth must be >= 2"),
+    (("--bogus=1",), "bogus"),
+    (("--n=4", "--depth=3"), "could not draw distinct problems"),
+  ]
   for extra, message in cases:
     r = _compose(out, src, url, name, *extra)
     assert r.returncode == 2 and message in r.stderr, (extra, r.stderr)
@@ -210,8 +235,15 @@ def test_garbage_from_the_served_tiny_model_is_rejected_and_counted(tmp_path, vl
   out = str(tmp_path / "composed.jsonl")
   n = 5
   t0 = time.time()
-  r = _compose(out, AIME, vllm_server.url, f"--n={n}", "--max_tokens=48", "--concurrency=4",
-               f"--model={vllm_server.options.served_model_name}")
+  r = _compose(
+    out,
+    AIME,
+    vllm_server.url,
+    f"--n={n}",
+    "--max_tokens=48",
+    "--concurrency=4",
+    f"--model={vllm_server.options.served_model_name}",
+  )
   took = time.time() - t0
   assert r.returncode == 0, r.stderr
   acc, rej, report = _check_report(out, n)
@@ -227,8 +259,13 @@ def test_garbage_from_the_served_tiny_model_is_rejected_and_counted(tmp_path, vl
 def test_a_killed_run_resumes_without_duplicates_or_redone_work(tmp_path, vllm_server):
   out = str(tmp_path / "composed.jsonl")
   n = 6
-  args = (f"--n={n}", "--max_tokens=160", "--concurrency=1", "--seed=3",
-          f"--model={vllm_server.options.served_model_name}")
+  args = (
+    f"--n={n}",
+    "--max_tokens=160",
+    "--concurrency=1",
+    "--seed=3",
+    f"--model={vllm_server.options.served_model_name}",
+  )
   with open(tmp_path / "log", "w") as log:
     proc = _compose(out, AIME, vllm_server.url, *args, wait=False, stdout=log, stderr=log)
     deadline = time.time() + 300
@@ -244,7 +281,7 @@ def test_a_killed_run_resumes_without_duplicates_or_redone_work(tmp_path, vllm_s
   acc, rej, report = _check_report(out, n)
   after = {row["id"]: row for row in acc + rej}
   assert len(acc) + len(rej) == n == len(after)
-  assert all(after[i] == row for i, row in before.items())   # finished work was not redone
+  assert all(after[i] == row for i, row in before.items())  # finished work was not redone
   # Only the unfinished chains were composed again: at most 6 requests (three steps,
   # three checks) per remaining chain of one level.
   assert 1 <= report["this_run"]["requests"] <= 6 * (n - len(before))

@@ -9,7 +9,7 @@ import pytest
 
 from rlvr.tasks import arithmetic, composed
 
-STEP = re.compile(r"(?:([A-Z])=)?(\d+)([+\-*])(\d+)=(\d+)\.")      # "X=3+8=11." or "4*2=8."
+STEP = re.compile(r"(?:([A-Z])=)?(\d+)([+\-*])(\d+)=(\d+)\.")  # "X=3+8=11." or "4*2=8."
 RELATION_STEP = re.compile(r"([A-Z])=(\d+)(?:([+\-])(\d+)=(\d+))?\.")  # "Y=11-6=5." or "Y=11."
 SENTENCE = re.compile(r"(?:([A-Z])=|Compute )([0-9A-Z+\-*]+)")
 
@@ -29,8 +29,7 @@ def _python_eval(text: str) -> tuple[int, dict[str, int]]:
 def _draws(depth: int, n: int, seed: int) -> list[composed.ComposedProblem]:
   """n compositions of random distinct components (operands 0..9), seeded."""
   rng = random.Random(seed)
-  pool = arithmetic.generate(4 * n * depth, seed=seed, max_operand=9,
-                             difficulty=1 + seed % 2)
+  pool = arithmetic.generate(4 * n * depth, seed=seed, max_operand=9, difficulty=1 + seed % 2)
   out = []
   while len(out) < n:
     chain = rng.sample(pool, depth)
@@ -48,23 +47,28 @@ def test_answers_match_python_eval(depth):
     assert p.answer == str(value) == p.components[-1].answer, p
     assert p.depth == len(p.components) == depth
     # The last component's own expression gives the same answer (gt_K).
-    assert str(eval(p.components[-1].problem[len("Compute "):-1])) == p.answer  # noqa: S307
+    assert str(eval(p.components[-1].problem[len("Compute ") : -1])) == p.answer  # noqa: S307
     assert composed.answer_of(p.problem) == p.answer
     # Names in reading order, each replaced variable equal to the constant it replaced.
-    assert list(env) == list(composed.NAMES[:2 * (depth - 1)]), p
+    assert list(env) == list(composed.NAMES[: 2 * (depth - 1)]), p
     for i, (j, d) in enumerate(zip(p.replaced, p.differences)):
       v1 = int(p.components[i].answer) if i == 0 else env[composed.NAMES[2 * i]]
       v2 = int(re.findall(r"\d+", p.components[i + 1].problem)[j])
       assert env[composed.NAMES[2 * i + 1]] == v2 and d == v1 - v2, p
     assert all(v >= 0 for v in env.values()), p
-    assert not re.search(r"(^|[=+\-*(])-", p.problem), p   # no number written with a sign
+    assert not re.search(r"(^|[=+\-*(])-", p.problem), p  # no number written with a sign
 
 
 def test_depth_one_is_the_plain_problem():
   for p in arithmetic.generate(50, seed=5, max_operand=9):
     c = composed.compose([p])
     assert (c.problem, c.solution, c.answer, c.depth, c.components) == (
-        p.problem, p.solution, p.answer, 1, (p,))
+      p.problem,
+      p.solution,
+      p.answer,
+      1,
+      (p,),
+    )
   train, heldout = composed.make_composed_splits(100, 20, 1, seed=0)
   for c in train + heldout:
     assert c.components[0].problem == c.problem
@@ -72,9 +76,11 @@ def test_depth_one_is_the_plain_problem():
 
 
 def test_the_three_relation_forms_and_worked_example():
-  q1, q2, q3 = (arithmetic.Problem(f"Compute {e}.", "", str(eval(e)), 1)  # noqa: S307
-                for e in ("3+4*2", "5*5-1", "7+2*3"))
-  c = composed.compose([q1, q2], positions=[0])   # v1 = 11, v2 = 5: d = 6
+  q1, q2, q3 = (
+    arithmetic.Problem(f"Compute {e}.", "", str(eval(e)), 1)  # noqa: S307
+    for e in ("3+4*2", "5*5-1", "7+2*3")
+  )
+  c = composed.compose([q1, q2], positions=[0])  # v1 = 11, v2 = 5: d = 6
   assert c.problem == "X=3+4*2. Y=X-6. Compute Y*5-1." and c.answer == "24"
   assert c.solution == "4*2=8. X=3+8=11. Y=11-6=5. 5*5=25. 25-1=24. \\boxed{24}"
   c = composed.compose([q1, q2, q3], positions=[0, 0])
@@ -120,9 +126,17 @@ def test_answer_of_recomputes_or_refuses():
   assert composed.answer_of("Compute 3+4*2.") == "11"
   assert composed.answer_of("X=3+4*2. Y=X-6. Compute Y*5-1.") == "24"
   assert composed.answer_of(" X = 3+4*2 .  Y=X-6. Compute Y * 5 - 1") == "24"
-  for text in ("", "hello", "X=2. Compute X+Y.", "Y=X+1. Compute Y.", "X=1. X=2. Compute X.",
-               "X=3+4*2. Compute Y*5-1, where Y=X-6.", "X=3+. Compute X.", "Compute x+1.",
-               "X=3. Compute X. Extra."):
+  for text in (
+    "",
+    "hello",
+    "X=2. Compute X+Y.",
+    "Y=X+1. Compute Y.",
+    "X=1. X=2. Compute X.",
+    "X=3+4*2. Compute Y*5-1, where Y=X-6.",
+    "X=3+. Compute X.",
+    "Compute x+1.",
+    "X=3. Compute X. Extra.",
+  ):
     assert composed.answer_of(text) is None, text
 
 
@@ -135,10 +149,10 @@ def test_sampling_pools_reuse_and_split_separation(depth):
     assert len({p.problem for p in problems}) == len(problems)
     for p in problems:
       texts = [c.problem for c in p.components]
-      assert len(set(texts)) == depth, p                    # no component twice
+      assert len(set(texts)) == depth, p  # no component twice
       assert all(arithmetic.split(t) == part for t in texts), p
       assert all(int(v) <= 9 for v in re.findall(r"\d+", " ".join(texts)))
-    for k in range(depth - 1):                               # surrogate pools
+    for k in range(depth - 1):  # surrogate pools
       assert len({p.components[k].problem for p in problems}) <= pool_size
     # The answer's position draws from the whole split: far more than a pool.
     assert len({p.components[-1].problem for p in problems}) > min(len(problems), 2 * pool_size)
@@ -169,8 +183,10 @@ def test_prompt_lengths_are_bounded():
   for depth, most in bound.items():
     train, heldout = composed.make_composed_splits(300, 50, depth, seed=3)
     lengths = [len(p.problem) for p in train + heldout]
-    print(f"depth {depth}: prompt chars max {max(lengths)} mean {sum(lengths) / len(lengths):.1f}; "
-          f"e.g. {train[0].problem!r} -> {train[0].solution!r}")
+    print(
+      f"depth {depth}: prompt chars max {max(lengths)} mean {sum(lengths) / len(lengths):.1f}; "
+      f"e.g. {train[0].problem!r} -> {train[0].solution!r}"
+    )
     assert max(lengths) <= most
 
 
@@ -181,4 +197,5 @@ def test_to_examples_reports_the_depth():
     assert [e.source for e in examples] == [f"composed-d{depth}"] * 5
     assert [e.index for e in examples] == list(range(5))
     assert [(e.problem, e.answer, e.solution) for e in examples] == [
-        (p.problem, p.answer, p.solution) for p in train]
+      (p.problem, p.answer, p.solution) for p in train
+    ]

@@ -17,18 +17,23 @@ Q3 = Problem("What is 4 times 7?", "28", "c", "math")
 TRUE = {Q1.text: "6", Q2.text: "15", Q3.text: "28"}
 
 GOOD = {
-    "define": "<variable>X</variable>\n<value>6</value>\n"
-              "<definition>Let X be the number of positive divisors of 12.</definition>",
-    "replace": "<variable>Y</variable><removed>3</removed>"
-               "<problem>A rectangle has width Y and length 5. What is its area?</problem>",
-    "relate": "<relation>Y is 3 less than X.</relation><difference>3</difference>",
-    "v1": "The divisors are 1, 2, 3, 4, 6, 12. <value>6</value>",
-    "v2": "<value>3</value>",
-    "v3": "<verdict>yes</verdict>",
+  "define": "<variable>X</variable>\n<value>6</value>\n"
+  "<definition>Let X be the number of positive divisors of 12.</definition>",
+  "replace": "<variable>Y</variable><removed>3</removed>"
+  "<problem>A rectangle has width Y and length 5. What is its area?</problem>",
+  "relate": "<relation>Y is 3 less than X.</relation><difference>3</difference>",
+  "v1": "The divisors are 1, 2, 3, 4, 6, 12. <value>6</value>",
+  "v2": "<value>3</value>",
+  "v3": "<verdict>yes</verdict>",
 }
-STAGE_OF = {"Take one number that appears": "define", "Choose one numeric constant": "replace",
-            "Write one short sentence": "relate", "Solve the problem and find": "v1",
-            "Which value does": "v2", "Check this composed": "v3"}
+STAGE_OF = {
+  "Take one number that appears": "define",
+  "Choose one numeric constant": "replace",
+  "Write one short sentence": "relate",
+  "Solve the problem and find": "v1",
+  "Which value does": "v2",
+  "Check this composed": "v3",
+}
 
 
 def scripted(outputs):
@@ -42,6 +47,7 @@ def scripted(outputs):
       calls.append(stage)
       out.append(outputs[stage])
     return out
+
   complete.calls = calls
   return complete
 
@@ -53,10 +59,11 @@ def test_well_formed_composition_is_accepted_and_assembled():
   assert c.problem.answer == "15" and c.depth == 2 and c.ids == ("a", "b")
   assert (c.v1, c.v2, c.x, c.y) == ("6", "3", "X", "Y")
   assert c.problem.text == (
-      "How many positive divisors does 12 have?\n\n"
-      "Let X be the number of positive divisors of 12.\n\n"
-      "Y is 3 less than X.\n\n"
-      "A rectangle has width Y and length 5. What is its area?")
+    "How many positive divisors does 12 have?\n\n"
+    "Let X be the number of positive divisors of 12.\n\n"
+    "Y is 3 less than X.\n\n"
+    "A rectangle has width Y and length 5. What is its area?"
+  )
 
 
 def test_chatter_around_the_tags_is_fine():
@@ -65,33 +72,54 @@ def test_chatter_around_the_tags_is_fine():
   assert comp.compose([(Q1, Q2)], scripted(chatty))[0].reason == "accepted"
 
 
-@pytest.mark.parametrize("stage, text, stage_out, reason", [
+@pytest.mark.parametrize(
+  "stage, text, stage_out, reason",
+  [
     ("define", "<variable>X</variable><value>6</value>", "define", "missing tag"),
-    ("define", GOOD["define"].replace("<value>6</value>", "<value>None</value>"), "define",
-     "value is not a number"),
-    ("define", GOOD["define"].replace("<value>6</value>", "<value>7</value>"), "define",
-     "value is not a number of the answer"),
-    ("replace", GOOD["replace"].replace("<removed>3</removed>", "<removed>4</removed>"),
-     "replace", "removed constant is not in the problem"),
+    (
+      "define",
+      GOOD["define"].replace("<value>6</value>", "<value>None</value>"),
+      "define",
+      "value is not a number",
+    ),
+    (
+      "define",
+      GOOD["define"].replace("<value>6</value>", "<value>7</value>"),
+      "define",
+      "value is not a number of the answer",
+    ),
+    (
+      "replace",
+      GOOD["replace"].replace("<removed>3</removed>", "<removed>4</removed>"),
+      "replace",
+      "removed constant is not in the problem",
+    ),
     ("replace", GOOD["replace"].replace("Y", "X"), "replace", "name clash"),
-    ("relate", GOOD["relate"].replace("<difference>3</difference>",
-                                      "<difference>4</difference>"), "relate",
-     "wrong relation arithmetic"),
+    (
+      "relate",
+      GOOD["relate"].replace("<difference>3</difference>", "<difference>4</difference>"),
+      "relate",
+      "wrong relation arithmetic",
+    ),
     ("v1", "<value>None</value>", "v1", "v1 recomputation differs"),
     ("v1", "<value>7</value>", "v1", "v1 recomputation differs"),
     ("v2", "<value>5</value>", "v2", "v2 recomputation differs"),
     ("v2", "no tags at all", "v2", "missing tag"),
-    ("v3", "<verdict>no</verdict><reason>Y is used twice</reason>", "v3",
-     "v3 rejected: Y is used twice"),
-])
-def test_each_malformed_or_wrong_output_is_rejected_with_its_reason(stage, text, stage_out,
-                                                                    reason):
+    (
+      "v3",
+      "<verdict>no</verdict><reason>Y is used twice</reason>",
+      "v3",
+      "v3 rejected: Y is used twice",
+    ),
+  ],
+)
+def test_each_malformed_or_wrong_output_is_rejected_with_its_reason(stage, text, stage_out, reason):
   outputs = dict(GOOD, **{stage: text})
   complete = scripted(outputs)
   [out] = comp.compose([(Q1, Q2)], complete)
   assert out.composed is None and (out.stage, out.reason) == (stage_out, reason)
-  later = list(STAGE_OF.values())[list(STAGE_OF.values()).index(stage) + 1:]
-  assert not set(later) & set(complete.calls)    # a rejected chain costs no further calls
+  later = list(STAGE_OF.values())[list(STAGE_OF.values()).index(stage) + 1 :]
+  assert not set(later) & set(complete.calls)  # a rejected chain costs no further calls
 
 
 def test_a_variable_name_already_in_a_problem_clashes():
@@ -120,7 +148,9 @@ def test_numbers_are_parsed_exactly():
 F = Fraction
 
 
-@pytest.mark.parametrize("text, numbers", [
+@pytest.mark.parametrize(
+  "text, numbers",
+  [
     # a minus between two terms subtracts
     ("2x-7", [2, 7]),
     ("5-3", [5, 3]),
@@ -161,12 +191,15 @@ F = Fraction
     ("\\frac{3}{4} of 12", [F(3, 4), 12]),
     ("\\frac{\\sqrt{3}}{2}", [3, 2]),
     ("1/0 or \\frac{1}{0}", []),
-])
+  ],
+)
 def test_numbers_in_reads_each_number_as_written(text, numbers):
   assert comp.numbers_in(text) == numbers
 
 
-@pytest.mark.parametrize("text, number", [
+@pytest.mark.parametrize(
+  "text, number",
+  [
     ("-7", -7),
     ("$-3.5$", F(-7, 2)),
     ("- 3", -3),
@@ -187,7 +220,8 @@ def test_numbers_in_reads_each_number_as_written(text, numbers):
     ("1/0", None),
     ("\\frac{1}{0}", None),
     ("", None),
-])
+  ],
+)
 def test_parse_number_reads_one_whole_number_or_none(text, number):
   assert comp.parse_number(text) == number
 
@@ -195,15 +229,19 @@ def test_parse_number_reads_one_whole_number_or_none(text, number):
 def composing_q1_with(answer, v1):
   """Q1 with `answer`, composed with Q2 by an assistant that takes v1 from the answer."""
   q1 = Problem(Q1.text, answer, "a")
-  outputs = dict(GOOD, define=GOOD["define"].replace("<value>6</value>", f"<value>{v1}</value>"),
-                 relate=f"<relation>Y differs from X.</relation>"
-                        f"<difference>{F(v1) - 3}</difference>",
-                 v1=f"<value>{v1}</value>")
+  outputs = dict(
+    GOOD,
+    define=GOOD["define"].replace("<value>6</value>", f"<value>{v1}</value>"),
+    relate=f"<relation>Y differs from X.</relation><difference>{F(v1) - 3}</difference>",
+    v1=f"<value>{v1}</value>",
+  )
   [out] = comp.compose([(q1, Q2)], scripted(outputs))
   return out
 
 
-@pytest.mark.parametrize("answer, v1, accepted", [
+@pytest.mark.parametrize(
+  "answer, v1, accepted",
+  [
     ("(2,3)", "2", True),
     ("(2,3)", "23", False),
     ("[1,2,3]", "3", True),
@@ -214,7 +252,8 @@ def composing_q1_with(answer, v1):
     ("2x-7", "7", True),
     ("2x-7", "-7", False),
     ("1,000", "1000", True),
-])
+  ],
+)
 def test_v1_must_be_a_number_as_written_in_the_answer(answer, v1, accepted):
   out = composing_q1_with(answer, v1)
   if accepted:
@@ -223,12 +262,15 @@ def test_v1_must_be_a_number_as_written_in_the_answer(answer, v1, accepted):
     assert (out.stage, out.reason) == ("define", "value is not a number of the answer")
 
 
-@pytest.mark.parametrize("removed, reason", [("3", "accepted"),
-                                             ("-3", "removed constant is not in the problem")])
+@pytest.mark.parametrize(
+  "removed, reason", [("3", "accepted"), ("-3", "removed constant is not in the problem")]
+)
 def test_a_subtracted_constant_of_q2_is_replaced_without_its_minus(removed, reason):
   q2 = Problem("What is 10-3?", "7", "b")
-  outputs = dict(GOOD, replace=f"<variable>Y</variable><removed>{removed}</removed>"
-                               "<problem>What is 10-Y?</problem>")
+  outputs = dict(
+    GOOD,
+    replace=f"<variable>Y</variable><removed>{removed}</removed><problem>What is 10-Y?</problem>",
+  )
   [out] = comp.compose([(Q1, q2)], scripted(outputs))
   assert out.reason == reason
   if reason == "accepted":
@@ -244,8 +286,10 @@ def generic_assistant(prompts):
       answer = re.search(r"Answer: (.*)", p).group(1)
       avoid = re.search(r"is none of: (.*)\.", p).group(1).split(", ")
       name = next(n for n in "XZW" if n not in avoid and not comp.clashes(n, p.split("Answer:")[0]))
-      out.append(f"<variable>{name}</variable><value>{comp.numbers_in(answer)[0]}</value>"
-                 f"<definition>Let {name} be the answer to the problem above.</definition>")
+      out.append(
+        f"<variable>{name}</variable><value>{comp.numbers_in(answer)[0]}</value>"
+        f"<definition>Let {name} be the answer to the problem above.</definition>"
+      )
     elif "Choose one numeric constant" in p:
       problem = p.split("Problem:\n", 1)[1].split("\n\nChoose", 1)[0]
       taken = re.search(r"and is not (\w+)\.", p).group(1)
@@ -253,13 +297,15 @@ def generic_assistant(prompts):
       number = re.search(r"(?<![A-Za-z])\d+", problem.split("\n\n")[-1]).group(0)
       last = problem.split("\n\n")[-1]
       rewritten = "\n\n".join(problem.split("\n\n")[:-1] + [last.replace(number, name, 1)])
-      out.append(f"<variable>{name}</variable><removed>{number}</removed>"
-                 f"<problem>{rewritten}</problem>")
+      out.append(
+        f"<variable>{name}</variable><removed>{number}</removed><problem>{rewritten}</problem>"
+      )
     elif "Write one short sentence" in p:
       x, v1, y, v2 = re.search(r"quantities: (\w+) = (\S+) and (\w+) = (\S+)\.", p).groups()
       d = Fraction(v1) - Fraction(v2)
-      words = (f"{y} equals {x}" if d == 0 else
-               f"{y} is {abs(d)} {'less' if d > 0 else 'more'} than {x}")
+      words = (
+        f"{y} equals {x}" if d == 0 else f"{y} is {abs(d)} {'less' if d > 0 else 'more'} than {x}"
+      )
       out.append(f"<relation>{words}.</relation><difference>{d}</difference>")
     elif "Solve the problem and find" in p:
       problem = p.split("Problem:\n", 1)[1].split("\n\n")[0]
@@ -268,8 +314,12 @@ def generic_assistant(prompts):
       y = re.search(r"In the rewritten problem, (\w+) stands", p).group(1)
       original = p.split("Original problem:\n", 1)[1].split("\n\nRewritten problem:")[0]
       rewritten = p.split("Rewritten problem:\n", 1)[1].split("\n\nIn the rewritten")[0]
-      gone = [n for n in comp.numbers_in(original) if n not in comp.numbers_in(rewritten)
-              or comp.numbers_in(original).count(n) > comp.numbers_in(rewritten).count(n)]
+      gone = [
+        n
+        for n in comp.numbers_in(original)
+        if n not in comp.numbers_in(rewritten)
+        or comp.numbers_in(original).count(n) > comp.numbers_in(rewritten).count(n)
+      ]
       out.append(f"<value>{gone[0] if gone else 'None'}</value> ({y})")
     else:
       out.append("<verdict>yes</verdict>")
@@ -281,17 +331,18 @@ def test_depth_three_composition_keeps_the_last_answer_and_every_part():
   assert out.reason == "accepted", out
   c = out.composed
   assert c.depth == 3 and c.ids == ("a", "b", "c") and c.problem.answer == "28"
-  assert (c.x, c.y) == ("Z", "V")   # X and Y are taken by the inner composition
+  assert (c.x, c.y) == ("Z", "V")  # X and Y are taken by the inner composition
   # Inner Compose(Q2, Q3): X = 15 (the area), Y replaces Q3's 4, so Y = X - 11. Outer
   # Compose(Q1, inner): Z = 6 divisors, V replaces the inner problem's 7, so V = Z + 1.
   assert c.problem.text == (
-      "How many positive divisors does 12 have?\n\n"
-      "Let Z be the answer to the problem above.\n\n"
-      "V is 1 more than Z.\n\n"
-      "A rectangle has width 3 and length 5. What is its area?\n\n"
-      "Let X be the answer to the problem above.\n\n"
-      "Y is 11 less than X.\n\n"
-      "What is Y times V?")
+    "How many positive divisors does 12 have?\n\n"
+    "Let Z be the answer to the problem above.\n\n"
+    "V is 1 more than Z.\n\n"
+    "A rectangle has width 3 and length 5. What is its area?\n\n"
+    "Let X be the answer to the problem above.\n\n"
+    "Y is 11 less than X.\n\n"
+    "What is Y times V?"
+  )
   assert (c.v1, c.v2) == ("6", "7")
 
 
@@ -339,9 +390,10 @@ def test_curriculum_switches_exactly_where_the_rule_says_and_resumes_there():
   again = comp.Curriculum(cfg)
   again.restore(saved)
   assert again.depth == 3 and again.state() == cur.state()
-  assert not again.record(1.0)   # the last stage never ends
+  assert not again.record(1.0)  # the last stage never ends
 
 
 def json_roundtrip(obj):
   import json
+
   return json.loads(json.dumps(obj))

@@ -17,16 +17,20 @@ from rlvr.rewards import RewardConfig
 from synthesis import svs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
-                 if f.endswith(".py") and f not in ("__init__.py", "base.py"))
+CONFIGS = sorted(
+  f[:-3]
+  for f in os.listdir(os.path.join(REPO, "configs"))
+  if f.endswith(".py") and f not in ("__init__.py", "base.py", "cpu.py")
+)
 
 
 def _load(name: str, *overrides: str) -> ml_collections.ConfigDict:
   """The config as launch/train.py builds it from `--config=... --config.x=...`."""
   argv = ["train", f"--config={os.path.join(REPO, 'configs', name + '.py')}", *overrides]
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
+  config_flags.DEFINE_config_file(
+    "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
+  )
   fv(argv)
   return fv.config
 
@@ -52,7 +56,7 @@ def _other_value(ref):
     new = 0.5 if value is None or value == 0 else value / 2
     return repr(new), new
   if kind is str:
-    return value, value        # strings are often names a section validates; same value
+    return value, value  # strings are often names a section validates; same value
   if kind in (tuple, list):
     return None, None
   raise AssertionError(f"no override rule for {kind}")
@@ -69,7 +73,7 @@ def test_config_freezes_and_names_its_method(name):
   settings.frozen(RewardConfig, c.reward)
   settings.frozen(evaluation.EvalConfig, c.eval.sampling)
   assert c.method in methods.KNOWN
-  for path in c.data.eval_paths:   # what a config names ships in the repo
+  for path in c.data.eval_paths:  # what a config names ships in the repo
     assert os.path.exists(path) and os.path.abspath(path).startswith(REPO), path
   assert not c.data.train_path.startswith("..")
 
@@ -77,6 +81,7 @@ def test_config_freezes_and_names_its_method(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_base_key_overrides_from_the_command_line(name):
   from configs import base
+
   base_keys = dict(_leaves(base.get_config()))
   shipped = dict(_leaves(_load(name)))
   assert set(base_keys) <= set(shipped), sorted(set(base_keys) - set(shipped))
@@ -103,6 +108,7 @@ def test_a_mistyped_key_is_an_error_naming_it():
 @pytest.mark.parametrize("ablation", ["naive", "asp", "eup", "keep02", "tiny_eup"])
 def test_svs_ablations_change_one_setting_of_their_base(ablation):
   from configs import svs_ablations, svs_dapo17k_qwen25_32b, tiny
+
   c = svs_ablations.get_config(ablation)
   base = (tiny if ablation.startswith("tiny_") else svs_dapo17k_qwen25_32b).get_config()
   changed = {k for k in base.svs.keys() if base.svs[k] != c.svs[k]}
@@ -113,6 +119,7 @@ def test_svs_ablations_change_one_setting_of_their_base(ablation):
 
 def test_paper_configs_take_verls_mini_batches_and_the_authors_svs_loop():
   from configs import rlvr_dapo17k_qwen25_32b, svs_dapo17k_qwen25_32b
+
   for mod in (rlvr_dapo17k_qwen25_32b, svs_dapo17k_qwen25_32b):
     c = mod.get_config()
     rl = settings.frozen(loop.RLConfig, c.rl.loop)
@@ -128,15 +135,39 @@ def test_unknown_field_is_named():
 def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
   import subprocess
   import sys
+
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  ok = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
-                       "--config.rl.learner.micro_batches=4", "--print_config"],
-                      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  ok = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launch.train",
+      "--config=configs/tiny.py",
+      "--config.rl.learner.micro_batches=4",
+      "--print_config",
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert ok.returncode == 0, ok.stderr[-2000:]
   assert "micro_batches: 4" in ok.stdout and "template: arithmetic" in ok.stdout
-  bad = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
-                        "--config.rl.learner.micro_batchs=4"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  bad = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launch.train",
+      "--config=configs/tiny.py",
+      "--config.rl.learner.micro_batchs=4",
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert bad.returncode == 2
   lines = bad.stderr.strip().splitlines()
   assert len(lines) == 1 and "micro_batchs" in lines[0] and "micro_batches" in lines[0], lines
@@ -146,14 +177,17 @@ def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_config_passes_the_start_up_checks(name):
   from rlvr import experiment
+
   c = importlib.import_module(f"configs.{name}").get_config()
-  if c.sampler.kind == "vllm":   # paper configs take their servers by flag
+  if c.sampler.kind == "vllm":  # paper configs take their servers by flag
     c.sampler.urls = ["http://localhost:8000"]
   checked = experiment.check(c)
   assert checked.rl_loop.group_size >= 2 and checked.checkpoint.every >= 1
 
 
-@pytest.mark.parametrize("override, message", [
+@pytest.mark.parametrize(
+  "override, message",
+  [
     ("rl.learner.learning_rate=-1e-4", "rl.learner.learning_rate: must be > 0, got -0.0001"),
     ("sft.learner.learning_rate=-0.001", "sft.learner.learning_rate: must be > 0, got -0.001"),
     ("rl.steps=-3", "rl.steps: must be >= 0, got -3"),
@@ -162,17 +196,22 @@ def test_every_config_passes_the_start_up_checks(name):
     ("sft.steps=-1", "sft.steps / batch_size: must be >= 0 / >= 1, got -1 / 32"),
     ("checkpoint.every=0", "checkpoint.every / keep: must be >= 1, got 0 / 2"),
     ("eval.sampling.n=0", "eval.sampling.n: must be >= 1, got 0"),
-    ("eval.sampling.top_p=0.0", "eval.sampling.temperature / top_p / top_k: must be >= 0 / "
-     "in (0, 1] / >= 0, got 1.0 / 0.0 / 0"),
+    (
+      "eval.sampling.top_p=0.0",
+      "eval.sampling.temperature / top_p / top_k: must be >= 0 / "
+      "in (0, 1] / >= 0, got 1.0 / 0.0 / 0",
+    ),
     ("eval.every=-1", "eval.every: must be >= 0 (0 = before and after RL only), got -1"),
     ("data.arithmetic.n_train=-5", "data.arithmetic.n_train: must be >= 0, got -5"),
     ("data.on_bad_row=warn", "data.on_bad_row: unknown 'warn'; expected skip|error"),
     ("sampler.kind=vllm", "sampler.urls: the vllm sampler needs at least one server URL"),
     ("sampler.max_concurrency=0", "sampler.max_concurrency: must be >= 1, got 0"),
     ("sampler.retries=-1", "sampler.retries: must be an int >= 0, got -1"),
-])
+  ],
+)
 def test_a_bad_setting_is_refused_in_one_line_naming_it(override, message):
   from rlvr import experiment
+
   c = _load("tiny_rlvr", f"--config.{override}")
   with pytest.raises(ValueError) as e:
     experiment.check(c)
@@ -181,17 +220,26 @@ def test_a_bad_setting_is_refused_in_one_line_naming_it(override, message):
 
 def test_a_rerun_with_other_settings_for_a_finished_phase_stops(tmp_path):
   from rlvr import runner
+
   c = _load("tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50")
   run = runner.setup(c)
-  runner.check_phases(run)                 # first run: settings recorded
-  runner.check_phases(runner.setup(c))     # same settings: reused
+  runner.check_phases(run)  # first run: settings recorded
+  runner.check_phases(runner.setup(c))  # same settings: reused
   for override, message in (
-      ("--config.sft.steps=60", "sft.steps: the sft phase recorded in "
-       f"{tmp_path}/progress.json ran with 400, this run asks for 60"),
-      ("--config.eval.sampling.n=8", "eval.sampling.n: the eval phase recorded in "
-       f"{tmp_path}/progress.json ran with 4, this run asks for 8")):
-    changed = _load("tiny_rlvr", f"--config.workdir={tmp_path}",
-                    "--config.data.arithmetic.n_train=50", override)
+    (
+      "--config.sft.steps=60",
+      "sft.steps: the sft phase recorded in "
+      f"{tmp_path}/progress.json ran with 400, this run asks for 60",
+    ),
+    (
+      "--config.eval.sampling.n=8",
+      "eval.sampling.n: the eval phase recorded in "
+      f"{tmp_path}/progress.json ran with 4, this run asks for 8",
+    ),
+  ):
+    changed = _load(
+      "tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50", override
+    )
     with pytest.raises(ValueError) as e:
       runner.check_phases(runner.setup(changed))
     assert str(e.value).startswith(message), str(e.value)

@@ -15,7 +15,7 @@ from rlvr import data
 from rlvr.data import DatasetError, DataStream, read_dataset
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEST_DATA = os.path.join(REPO_ROOT, "tests", "data")   # slices of the public sets (README there)
+TEST_DATA = os.path.join(REPO_ROOT, "tests", "data")  # slices of the public sets (README there)
 DATA_DIR = os.path.join(REPO_ROOT, "data")
 
 
@@ -27,7 +27,9 @@ def _write_jsonl(path, lines):
 
 @pytest.fixture
 def jsonl_file(tmp_path):
-  return _write_jsonl(tmp_path / "set.jsonl", [
+  return _write_jsonl(
+    tmp_path / "set.jsonl",
+    [
       json.dumps({"question": "What is 2+2?", "ref_answer": "4"}),
       json.dumps({"question": "Missing answer here"}),
       json.dumps({"question": "   ", "ref_answer": "1"}),
@@ -35,14 +37,17 @@ def jsonl_file(tmp_path):
       "",  # a blank line is not a row
       json.dumps({"problem": "AIME style", "answer": 123, "data_source": "AIME"}),
       json.dumps({"question": "Empty answer", "ref_answer": ""}),
-  ])
+    ],
+  )
 
 
 def test_jsonl_skips_and_reports_bad_rows_by_index(jsonl_file, caplog):
   with caplog.at_level(logging.WARNING, logger="rlvr.data"):
     ds = read_dataset(jsonl_file)
   assert [(e.problem, e.answer, e.index) for e in ds] == [
-      ("What is 2+2?", "4", 0), ("AIME style", "123", 5)]
+    ("What is 2+2?", "4", 0),
+    ("AIME style", "123", 5),
+  ]
   assert ds[1].source == "AIME" and ds[0].source == "set"
   assert [i for i, _ in ds.bad_rows] == [1, 2, 3, 6]
   reasons = dict(ds.bad_rows)
@@ -62,8 +67,10 @@ def test_on_bad_row_error_names_the_row_and_field(jsonl_file):
 
 
 def test_all_bad_rows_raise_with_path_count_and_reasons(tmp_path):
-  path = _write_jsonl(tmp_path / "bad.jsonl", [
-      json.dumps({"question": "q"}), "not json", json.dumps({"ref_answer": "1"})])
+  path = _write_jsonl(
+    tmp_path / "bad.jsonl",
+    [json.dumps({"question": "q"}), "not json", json.dumps({"ref_answer": "1"})],
+  )
   with pytest.raises(DatasetError) as e:
     read_dataset(path)
   msg = str(e.value)
@@ -82,8 +89,10 @@ def test_json_array_with_custom_dotted_fields_and_limit(tmp_path):
   assert [(e.problem, e.answer) for e in ds] == [(f"Problem {i}", str(i)) for i in range(5)]
   assert [i for i, _ in ds.bad_rows] == [2, 3]
   assert "label.value" in ds.bad_rows[0][1] and "not an object" in ds.bad_rows[1][1]
-  assert len(read_dataset(str(path), problem_field="meta.text", answer_field="label.value",
-                          limit=2)) == 2
+  assert (
+    len(read_dataset(str(path), problem_field="meta.text", answer_field="label.value", limit=2))
+    == 2
+  )
   path.write_text(json.dumps({"rows": rows}), encoding="utf-8")
   with pytest.raises(DatasetError, match="JSON array"):
     read_dataset(str(path))
@@ -91,17 +100,25 @@ def test_json_array_with_custom_dotted_fields_and_limit(tmp_path):
 
 def test_verl_parquet_and_flat_parquet(tmp_path):
   def verl(content, gt, role="user"):
-    return {"data_source": "toy", "prompt": [{"role": "system", "content": "Be brief."},
-                                             {"role": role, "content": content}],
-            "reward_model": {"ground_truth": gt, "style": "rule"},
-            "extra_info": {"answer": "", "index": 0, "split": "train"}}
-  rows = [verl("Find x.", "3"), verl("No user turn", "1", role="assistant"), verl("", "2"),
-          verl("Find y.", "")]
+    return {
+      "data_source": "toy",
+      "prompt": [{"role": "system", "content": "Be brief."}, {"role": role, "content": content}],
+      "reward_model": {"ground_truth": gt, "style": "rule"},
+      "extra_info": {"answer": "", "index": 0, "split": "train"},
+    }
+
+  rows = [
+    verl("Find x.", "3"),
+    verl("No user turn", "1", role="assistant"),
+    verl("", "2"),
+    verl("Find y.", ""),
+  ]
   path = str(tmp_path / "verl.parquet")
   pq.write_table(pa.Table.from_pylist(rows), path)
   ds = read_dataset(path)
   assert [(e.problem, e.answer, e.source, e.index, e.solution) for e in ds] == [
-      ("Find x.", "3", "toy", 0, None)]
+    ("Find x.", "3", "toy", 0, None)
+  ]
   assert [i for i, _ in ds.bad_rows] == [1, 2, 3]
   assert "user turn" in ds.bad_rows[0][1] and ds.bad_rows[1][1] == "empty problem"
   assert ds.bad_rows[2][1] == "empty answer"
@@ -134,7 +151,8 @@ def test_eval_sets_agree_between_jsonl_and_parquet():
   pq_ = read_dataset(os.path.join(TEST_DATA, "math_aime_eval.parquet"))
   assert len(js) == len(pq_) == 560 and not js.bad_rows and not pq_.bad_rows
   assert [(e.problem, e.answer, e.source) for e in js] == [
-      (e.problem, e.answer, e.source) for e in pq_]
+    (e.problem, e.answer, e.source) for e in pq_
+  ]
   counts = {s: sum(e.source == s for e in js) for s in {e.source for e in js}}
   assert counts == {"MATH-500": 500, "AIME-2024-30": 30, "AIME-2025-30": 30}
   # Reference solutions live in the parquet's extra_info.answer (none for AIME 2025);
@@ -148,6 +166,7 @@ def test_eval_sets_agree_between_jsonl_and_parquet():
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
   from rlvr.model import train_tokenizer
+
   return train_tokenizer(str(tmp_path_factory.mktemp("tok")))
 
 
@@ -168,7 +187,7 @@ def test_stream_epochs_are_permutations_and_cross_seamlessly():
   drawn = s.next_indices(5) + s.next_indices(0) + s.next_indices(16)
   assert s.position == 21
   for e in range(3):
-    assert sorted(drawn[7 * e:7 * e + 7]) == list(range(7))
+    assert sorted(drawn[7 * e : 7 * e + 7]) == list(range(7))
   assert drawn[:7] != drawn[7:14]  # a new permutation each epoch
 
 
@@ -202,6 +221,7 @@ def test_stream_validation():
 def test_settings_the_data_kind_ignores_are_errors_naming_both_fields():
   from configs import base, tiny_rlvr
   from rlvr import datasets
+
   c = tiny_rlvr.get_config()
   c.data.train_path = "/tmp/nope.jsonl"
   with pytest.raises(ValueError, match=r"data.train_path: set, but data.kind is 'arithmetic'"):
@@ -217,17 +237,29 @@ def test_a_missing_data_file_stops_the_run_with_one_line_naming_the_field(tmp_pa
   traceback; --verbose keeps the traceback."""
   import subprocess
   import sys
+
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
-         f"--workdir={tmp_path}", "--config.data.kind=files", "--config.sft.steps=0",
-         "--config.data.train_path=/nonexistent/train.jsonl", "--config.data.arithmetic.n_sft=0",
-         "--config.data.arithmetic.n_train=0", "--config.data.arithmetic.n_heldout=0"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_rlvr.py",
+    f"--workdir={tmp_path}",
+    "--config.data.kind=files",
+    "--config.sft.steps=0",
+    "--config.data.train_path=/nonexistent/train.jsonl",
+    "--config.data.arithmetic.n_sft=0",
+    "--config.data.arithmetic.n_train=0",
+    "--config.data.arithmetic.n_heldout=0",
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   out = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
   assert out.returncode == 1
   assert out.stderr.strip().splitlines() == [
-      "launch.train: data.train_path: no such file /nonexistent/train.jsonl "
-      "(--verbose for the traceback)"], out.stderr
-  out = subprocess.run(cmd + ["--verbose"], cwd=repo, env=env, capture_output=True, text=True,
-                       timeout=300)
+    "launch.train: data.train_path: no such file /nonexistent/train.jsonl "
+    "(--verbose for the traceback)"
+  ], out.stderr
+  out = subprocess.run(
+    cmd + ["--verbose"], cwd=repo, env=env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode != 0 and "Traceback" in out.stderr

@@ -15,10 +15,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_embedded_default_runs_end_to_end(tmp_path):
   workdir = tmp_path / "tiny"
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny.py",
-         f"--workdir={workdir}", "--config.sft.steps=60", "--config.sft.learner.total_steps=60",
-         "--config.rl.steps=3", "--config.data.arithmetic.n_heldout=64",
-         "--config.checkpoint.every=2"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny.py",
+    f"--workdir={workdir}",
+    "--config.sft.steps=60",
+    "--config.sft.learner.total_steps=60",
+    "--config.rl.steps=3",
+    "--config.data.arithmetic.n_heldout=64",
+    "--config.checkpoint.every=2",
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -31,24 +39,40 @@ def test_embedded_default_runs_end_to_end(tmp_path):
     assert summary[phase]["heldout"]["pass@1"] <= summary[phase]["heldout"]["pass@4"]
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [0, 1, 2]
-  for r in rows:   # every synthesis is accepted or rejected for exactly one reason
-    assert r["svs_syntheses"] == (r["svs_accepted"] + r["svs_too_easy"] + r["svs_too_hard"]
-                                  + r["svs_unparseable"])
+  for r in rows:  # every synthesis is accepted or rejected for exactly one reason
+    assert r["svs_syntheses"] == (
+      r["svs_accepted"] + r["svs_too_easy"] + r["svs_too_hard"] + r["svs_unparseable"]
+    )
   assert summary["buffer_types_per_step"] == [
-      {f"type{t}": r[f"type{t}_groups"] for t in (1, 2, 3)} for r in rows]
-  for name in ("training.png", "svs.png", "eval_before_rl/eval.md", "eval_after_rl/pass_at_k.png",
-               "eval_after_rl/eval.csv", "pass_at_k.png", "policy/config.json",
-               "policy/model.safetensors",
-               "sft/model/config.json", "sft/metrics.jsonl"):
+    {f"type{t}": r[f"type{t}_groups"] for t in (1, 2, 3)} for r in rows
+  ]
+  for name in (
+    "training.png",
+    "svs.png",
+    "eval_before_rl/eval.md",
+    "eval_after_rl/pass_at_k.png",
+    "eval_after_rl/eval.csv",
+    "pass_at_k.png",
+    "policy/config.json",
+    "policy/model.safetensors",
+    "sft/model/config.json",
+    "sft/metrics.jsonl",
+  ):
     assert (workdir / name).exists(), name
   assert any(f.startswith("events") for f in os.listdir(workdir / "tensorboard"))
   # The exported policy is an HF checkpoint transformers can load.
   from transformers import AutoModelForCausalLM
+
   AutoModelForCausalLM.from_pretrained(workdir / "policy")
   # The finished run evaluated again on its own held-out set and settings (README command).
-  again = subprocess.run([sys.executable, "-m", "launch.evaluate", f"--run={workdir}",
-                          "--limit=16"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=600)
+  again = subprocess.run(
+    [sys.executable, "-m", "launch.evaluate", f"--run={workdir}", "--limit=16"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert again.returncode == 0, again.stderr[-3000:]
   report = json.loads((workdir / "eval_again" / "eval.json").read_text())
   assert report["heldout"]["problems"] == 16 and report["heldout"]["n"] == 4

@@ -23,11 +23,22 @@ import test_readme_commands as readme_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The main command, scaled down: SFT as long as tests/test_embedded_default.py (fewer steps
 # leave no mixed group for the SvS step), one RL step, 16 held-out problems.
-SCALE_DOWN = ["--config.sft.steps=60", "--config.sft.learner.total_steps=60",
-              "--config.rl.steps=1", "--config.data.arithmetic.n_heldout=16"]
+SCALE_DOWN = [
+  "--config.sft.steps=60",
+  "--config.sft.learner.total_steps=60",
+  "--config.rl.steps=1",
+  "--config.data.arithmetic.n_heldout=16",
+]
 # Nothing of this checkout or of the caller's caches reaches the clone's processes.
-DROPPED = ("PYTHONPATH", "VIRTUAL_ENV", "XLA_FLAGS", "HF_HOME", "HF_HUB_CACHE",
-           "TRANSFORMERS_CACHE", "XDG_CACHE_HOME")
+DROPPED = (
+  "PYTHONPATH",
+  "VIRTUAL_ENV",
+  "XLA_FLAGS",
+  "HF_HOME",
+  "HF_HUB_CACHE",
+  "TRANSFORMERS_CACHE",
+  "XDG_CACHE_HOME",
+)
 
 
 def _run(cmd, cwd, env, timeout):
@@ -57,8 +68,9 @@ def test_readme_setup_and_main_command_in_a_fresh_clone(tmp_path, monkeypatch):
   try:
     _, t_clone = _run(["git", "clone", "-q", REPO, str(clone)], tmp_path, env, 120)
     # Nothing committed points next to the checkout (the development machine's ../shared).
-    grep = subprocess.run(["git", "grep", "-n", "-F", "../shared"], cwd=clone,
-                          capture_output=True, text=True)
+    grep = subprocess.run(
+      ["git", "grep", "-n", "-F", "../shared"], cwd=clone, capture_output=True, text=True
+    )
     assert grep.returncode == 1 and not grep.stdout, grep.stdout
 
     # The clone's README says what to run.
@@ -73,9 +85,8 @@ def test_readme_setup_and_main_command_in_a_fresh_clone(tmp_path, monkeypatch):
     out, t_run = _run(cmd, clone, env, 900)
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["method"] == "svs", summary
-    assert summary["model_dir"].startswith(str(home)), summary["model_dir"]   # HOME's cache
+    assert summary["model_dir"].startswith(str(home)), summary["model_dir"]  # HOME's cache
     assert f"summary: {workdir}/summary.json" in out.stdout
-    print(f"fresh clone: clone {t_clone:.1f}s, setup.sh {t_setup:.1f}s, main command "
-          f"{t_run:.1f}s")
+    print(f"fresh clone: clone {t_clone:.1f}s, setup.sh {t_setup:.1f}s, main command {t_run:.1f}s")
   finally:
-    shutil.rmtree(clone / ".venv", ignore_errors=True)   # 1.3 GB
+    shutil.rmtree(clone / ".venv", ignore_errors=True)  # 1.3 GB

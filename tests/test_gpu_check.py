@@ -14,17 +14,32 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_gpu_check_small_on_cpu_reports_every_field(tmp_path):
   out = tmp_path / "check.json"
   cmd = [sys.executable, "bench/gpu_check.py", "--small", f"--json={out}"]
-  res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  res = subprocess.run(
+    cmd,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert res.returncode == 0, res.stderr[-3000:]
   check = json.loads(out.read_text())
-  assert json.loads(res.stdout) == check   # stdout is the JSON alone
-  assert {"platform", "device_kind", "jax_version", "bf16_vs_f32", "matmul_peak_tflops",
-          "learner", "attention", "sampler", "total_seconds"} <= set(check)
+  assert json.loads(res.stdout) == check  # stdout is the JSON alone
+  assert {
+    "platform",
+    "device_kind",
+    "jax_version",
+    "bf16_vs_f32",
+    "matmul_peak_tflops",
+    "learner",
+    "attention",
+    "sampler",
+    "total_seconds",
+  } <= set(check)
   assert check["platform"] == "cpu"
 
   num = check["bf16_vs_f32"]
-  assert math.isfinite(num["max_abs_diff"]) and num["max_abs_diff"] > 0   # bf16 really differs
+  assert math.isfinite(num["max_abs_diff"]) and num["max_abs_diff"] > 0  # bf16 really differs
   assert num["max_abs_diff"] < 0.05 * num["max_abs_logit"]
   assert check["matmul_peak_tflops"] > 0
 

@@ -72,10 +72,10 @@ def test_advantages_use_the_unbiased_std_like_verl_and_trl(n):
   """(r - mean) / (std(ddof=1) + eps), as torch.std computes it; ddof 0 on request."""
   rng = np.random.RandomState(n)
   r = (rng.rand(6, n) > 0.5).astype(np.float32)
-  r[0], r[1] = 1.0, 0.0            # constant groups: exactly 0
+  r[0], r[1] = 1.0, 0.0  # constant groups: exactly 0
   r[2, :] = 0.0
-  r[2, 0] = 1.0                    # one right of n
-  r[3] = rng.rand(n)               # continuous rewards
+  r[2, 0] = 1.0  # one right of n
+  r[3] = rng.rand(n)  # continuous rewards
   for ddof in (1, 0):
     ours = np.asarray(grpo.group_advantages(jnp.asarray(r), ddof=ddof))
     want = np.zeros((6, n))
@@ -86,25 +86,29 @@ def test_advantages_use_the_unbiased_std_like_verl_and_trl(n):
     assert (ours[:2] == 0).all()
   # one right of two: unbiased std is 1/sqrt(2), population std 1/2
   two = np.asarray(grpo.group_advantages(jnp.asarray([[1.0, 0.0]])))
-  np.testing.assert_allclose(two, [[0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6)]],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    two, [[0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6)]], rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize("agg", grpo.AGGREGATIONS)
 @pytest.mark.parametrize("dual", [None, 3.0])
 def test_policy_loss_matches_numpy(agg, dual):
   logp, old, adv, mask = _inputs()
-  loss, aux = grpo.policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv),
-                               jnp.asarray(mask), 0.2, 0.28, dual, agg)
+  loss, aux = grpo.policy_loss(
+    jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), 0.2, 0.28, dual, agg
+  )
   ref = np_policy_loss(logp, old, adv, mask, 0.2, 0.28, dual, agg)
   np.testing.assert_allclose(float(loss), ref, rtol=1e-5)
   ratio = np.exp(logp - old)
   m = mask.astype(bool)
   a = np.broadcast_to(adv[:, None], ratio.shape)
-  np.testing.assert_allclose(float(aux["clip_frac_low"]), ((ratio < 0.8) & (a < 0))[m].mean(),
-                             rtol=1e-6)
-  np.testing.assert_allclose(float(aux["clip_frac_high"]), ((ratio > 1.28) & (a > 0))[m].mean(),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    float(aux["clip_frac_low"]), ((ratio < 0.8) & (a < 0))[m].mean(), rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    float(aux["clip_frac_high"]), ((ratio > 1.28) & (a > 0))[m].mean(), rtol=1e-6
+  )
   assert float(aux["clip_frac_low"]) > 0 and float(aux["clip_frac_high"]) > 0
   np.testing.assert_allclose(float(aux["ratio_max"]), ratio[m].max(), rtol=1e-6)
 
@@ -122,13 +126,23 @@ def test_dual_clip_changes_loss_for_negative_advantages():
 def test_global_normalizer_makes_micro_batch_losses_add_up():
   logp, old, adv, mask = _inputs(seed=3)
   for agg in grpo.AGGREGATIONS:
-    full, _ = grpo.policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv),
-                               jnp.asarray(mask), aggregation=agg)
+    full, _ = grpo.policy_loss(
+      jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), aggregation=agg
+    )
     n = grpo.loss_normalizer(jnp.asarray(mask), agg)
-    parts = sum(float(grpo.policy_loss(jnp.asarray(logp[s]), jnp.asarray(old[s]),
-                                       jnp.asarray(adv[s]), jnp.asarray(mask[s]),
-                                       aggregation=agg, normalizer=n)[0])
-                for s in (slice(0, 4), slice(4, 8), slice(8, 12)))
+    parts = sum(
+      float(
+        grpo.policy_loss(
+          jnp.asarray(logp[s]),
+          jnp.asarray(old[s]),
+          jnp.asarray(adv[s]),
+          jnp.asarray(mask[s]),
+          aggregation=agg,
+          normalizer=n,
+        )[0]
+      )
+      for s in (slice(0, 4), slice(4, 8), slice(8, 12))
+    )
     np.testing.assert_allclose(parts, float(full), rtol=1e-5)
 
 
@@ -154,15 +168,19 @@ def test_entropy_and_chunked_logprobs_match_dense():
   ent_ref = -(p * np.log(p)).sum(-1)
   np.testing.assert_allclose(grpo.entropy_from_logits(jnp.asarray(logits)), ent_ref, rtol=1e-4)
   logp, ent = grpo.token_logprobs_and_entropy(hidden, head, tokens, chunk=4)  # 12 = 3 chunks
-  logp_ref = np.log(p[:, :-1])[np.arange(b)[:, None], np.arange(t - 1)[None], np.asarray(tokens)[:, 1:]]
+  logp_ref = np.log(p[:, :-1])[
+    np.arange(b)[:, None], np.arange(t - 1)[None], np.asarray(tokens)[:, 1:]
+  ]
   np.testing.assert_allclose(np.asarray(logp)[:, 1:], logp_ref, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(np.asarray(ent)[:, 1:], ent_ref[:, :-1], rtol=1e-4)
   assert (np.asarray(logp)[:, 0] == 0).all()
   # gradients through the rematerialised chunks equal dense gradients
   g = jax.grad(lambda h: grpo.token_logprobs_and_entropy(h, head, tokens, 5)[0].sum())(hidden)
+
   def dense(h):
     z = jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h, head), -1)[:, :-1]
     return jnp.take_along_axis(z, tokens[:, 1:, None], -1).sum()
+
   np.testing.assert_allclose(g, jax.grad(dense)(hidden), rtol=1e-4, atol=1e-5)
 
 

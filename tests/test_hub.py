@@ -28,25 +28,36 @@ def hub_cache(tmp_path_factory, tiny_dirs):
 
 
 def _resolve_offline(cache, repo_id):
-  code = ("import sys; from rlvr.model import hub\n"
-          "try: print(hub.resolve(sys.argv[1]))\n"
-          "except FileNotFoundError as e: print('ERROR', e)\n")
+  code = (
+    "import sys; from rlvr.model import hub\n"
+    "try: print(hub.resolve(sys.argv[1]))\n"
+    "except FileNotFoundError as e: print('ERROR', e)\n"
+  )
   env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", code, repo_id], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
+  out = subprocess.run(
+    [sys.executable, "-c", code, repo_id],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   return out.stdout.strip()
 
 
 def test_a_hub_id_resolves_to_its_cached_snapshot_offline(hub_cache):
   from rlvr import model
+
   path = _resolve_offline(hub_cache, "rlvr-test/tiny-qwen3")
   assert path == str(hub_cache / "models--rlvr-test--tiny-qwen3" / "snapshots" / REVISION)
   cfg, _ = model.load_hf(path)
   assert cfg.num_layers >= 1
   missing = _resolve_offline(hub_cache, "rlvr-test/not-cached")
-  assert missing.startswith("ERROR model.path: hub id rlvr-test/not-cached is not in the HF "
-                            f"cache ({hub_cache}) and HF_HUB_OFFLINE is set"), missing
+  assert missing.startswith(
+    "ERROR model.path: hub id rlvr-test/not-cached is not in the HF "
+    f"cache ({hub_cache}) and HF_HUB_OFFLINE is set"
+  ), missing
 
 
 def test_paths_that_are_no_model_name_the_field(tmp_path, tiny_dirs):
@@ -61,10 +72,23 @@ def test_paths_that_are_no_model_name_the_field(tmp_path, tiny_dirs):
 
 def test_launch_train_names_a_missing_model_dir_in_one_line(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
-                        f"--workdir={tmp_path}", "--config.model.path=/no/such/model"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launch.train",
+      "--config=configs/tiny_rlvr.py",
+      f"--workdir={tmp_path}",
+      "--config.model.path=/no/such/model",
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode != 0
   assert out.stderr.strip().splitlines()[-1] == (
-      "launch.train: model.path: no such model directory /no/such/model (nor a hub id "
-      "org/name) (--verbose for the traceback)"), out.stderr[-2000:]
+    "launch.train: model.path: no such model directory /no/such/model (nor a hub id "
+    "org/name) (--verbose for the traceback)"
+  ), out.stderr[-2000:]

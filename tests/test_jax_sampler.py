@@ -41,8 +41,8 @@ def _logprob_fn(cfg):
 def _full_logprobs(params, cfg, seq):
   fn = _logprob_fn(cfg)
   padded = np.zeros((1, _WIDTH), np.int32)
-  padded[0, :len(seq)] = seq
-  return np.asarray(fn(params, jnp.asarray(padded)))[:len(seq)]
+  padded[0, : len(seq)] = seq
+  return np.asarray(fn(params, jnp.asarray(padded)))[: len(seq)]
 
 
 @functools.lru_cache
@@ -52,15 +52,15 @@ def _logits_fn(cfg):
 
 def _full_logits(params, cfg, seq):
   padded = np.zeros((1, _WIDTH), np.int32)
-  padded[0, :len(seq)] = seq
-  return np.asarray(_logits_fn(cfg)(params, jnp.asarray(padded)))[:len(seq)]
+  padded[0, : len(seq)] = seq
+  return np.asarray(_logits_fn(cfg)(params, jnp.asarray(padded)))[: len(seq)]
 
 
 def _greedy_reference(params, cfg, prompt, steps):
   seq = list(prompt)
   for _ in range(steps):
     seq.append(int(np.argmax(_full_logprobs(params, cfg, seq)[-1])))
-  return seq[len(prompt):]
+  return seq[len(prompt) :]
 
 
 def _np_penalty(logits, seen_ids, p):
@@ -76,7 +76,7 @@ def _penalized_greedy_reference(params, cfg, prompt, steps, p):
   seq = list(prompt)
   for _ in range(steps):
     seq.append(int(np.argmax(_np_penalty(_full_logits(params, cfg, seq)[-1], set(seq), p))))
-  return seq[len(prompt):]
+  return seq[len(prompt) :]
 
 
 def _model_logprobs(params, cfg, prompt, completion):
@@ -87,8 +87,9 @@ def _model_logprobs(params, cfg, prompt, completion):
 
 def test_greedy_equals_argmax_decoding(setup):
   cfg, params, _, sampler = setup
-  outs = sampler.generate(PROMPTS, SamplingParams(n=1, temperature=0.0, max_tokens=12,
-                                                  ignore_eos=True))
+  outs = sampler.generate(
+    PROMPTS, SamplingParams(n=1, temperature=0.0, max_tokens=12, ignore_eos=True)
+  )
   for prompt, out in zip(PROMPTS, outs):
     assert list(out[0].token_ids) == _greedy_reference(params, cfg, prompt, 12)
     assert out[0].finish_reason == "length"
@@ -96,12 +97,14 @@ def test_greedy_equals_argmax_decoding(setup):
 
 def test_logprobs_equal_model_logprobs(setup):
   cfg, params, _, sampler = setup
-  outs = sampler.generate(PROMPTS, SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=3,
-                                                  ignore_eos=True))
+  outs = sampler.generate(
+    PROMPTS, SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=3, ignore_eos=True)
+  )
   for prompt, group in zip(PROMPTS, outs):
     for c in group:
-      np.testing.assert_allclose(c.logprobs, _model_logprobs(params, cfg, prompt, c.token_ids),
-                                 atol=1e-5, rtol=0)
+      np.testing.assert_allclose(
+        c.logprobs, _model_logprobs(params, cfg, prompt, c.token_ids), atol=1e-5, rtol=0
+      )
 
 
 def test_seeds_repeat_and_samples_differ(setup):
@@ -121,10 +124,13 @@ def test_seeds_repeat_and_samples_differ(setup):
 
 def test_top_k_one_and_tiny_top_p_are_greedy(setup):
   _, _, _, sampler = setup
-  greedy = sampler.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=10,
-                                                    ignore_eos=True))
-  for sp in (SamplingParams(temperature=1.0, top_k=1, max_tokens=10, seed=1, ignore_eos=True),
-             SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=10, seed=2, ignore_eos=True)):
+  greedy = sampler.generate(
+    PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+  )
+  for sp in (
+    SamplingParams(temperature=1.0, top_k=1, max_tokens=10, seed=1, ignore_eos=True),
+    SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=10, seed=2, ignore_eos=True),
+  ):
     out = sampler.generate(PROMPTS, sp)
     assert [g[0].token_ids for g in out] == [g[0].token_ids for g in greedy]
 
@@ -136,13 +142,15 @@ def test_eos_and_stop_ids_end_sequences(setup):
   first = ref.index(eos)
   sampler = JaxSampler(dataclasses.replace(cfg, eos_token_id=eos), params, tokenizer=None)
   out = sampler.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8))[0][0]
-  assert out.finish_reason == "stop" and list(out.token_ids) == ref[:first + 1]
-  ignored = sampler.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8,
-                                                         ignore_eos=True))[0][0]
+  assert out.finish_reason == "stop" and list(out.token_ids) == ref[: first + 1]
+  ignored = sampler.generate(
+    PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+  )[0][0]
   assert ignored.finish_reason == "length" and list(ignored.token_ids) == ref
   stop = ref[5]
-  by_stop = setup[3].generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8,
-                                                          stop_token_ids=(stop,)))[0][0]
+  by_stop = setup[3].generate(
+    PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=(stop,))
+  )[0][0]
   assert by_stop.finish_reason == "stop" and by_stop.token_ids[-1] == stop
   assert len(by_stop.token_ids) == ref.index(stop) + 1
 
@@ -150,18 +158,24 @@ def test_eos_and_stop_ids_end_sequences(setup):
 def test_filter_logits_matches_numpy():
   rng = np.random.RandomState(0)
   logits = rng.randn(3, 50).astype(np.float32)
-  out = np.asarray(filter_logits(jnp.asarray(logits), jnp.asarray([1.0, 0.5, 2.0]),
-                                 jnp.asarray([5, 0, 10]), jnp.asarray([1.0, 0.6, 0.3])))
+  out = np.asarray(
+    filter_logits(
+      jnp.asarray(logits),
+      jnp.asarray([1.0, 0.5, 2.0]),
+      jnp.asarray([5, 0, 10]),
+      jnp.asarray([1.0, 0.6, 0.3]),
+    )
+  )
   for i, (t, k, p) in enumerate([(1.0, 5, 1.0), (0.5, 0, 0.6), (2.0, 10, 0.3)]):
     z = logits[i] / t
     order = np.argsort(-z)
     keep = np.zeros(50, bool)
-    keep[order[:k or 50]] = True
-    probs = np.exp(z[order[:k or 50]] - z[order[0]])
+    keep[order[: k or 50]] = True
+    probs = np.exp(z[order[: k or 50]] - z[order[0]])
     probs /= probs.sum()
     before = np.cumsum(probs) - probs
     keep_p = np.zeros(50, bool)
-    keep_p[order[:k or 50][before < p]] = True
+    keep_p[order[: k or 50][before < p]] = True
     expect = keep & keep_p
     assert (np.isfinite(out[i]) == expect).all(), i
 
@@ -182,8 +196,9 @@ def test_a_prompt_near_the_context_limit_fits_without_power_of_two_buckets(setup
   cfg, params, _, sampler = setup
   assert cfg.max_position_embeddings == 2048
   long_prompt = [5 + (i % 50) for i in range(1100)]
-  out = sampler.generate([long_prompt], SamplingParams(n=1, temperature=0.0, max_tokens=256,
-                                                      ignore_eos=True))[0][0]
+  out = sampler.generate(
+    [long_prompt], SamplingParams(n=1, temperature=0.0, max_tokens=256, ignore_eos=True)
+  )[0][0]
   assert len(out.token_ids) == 256
   with pytest.raises(ValueError, match="1100 tokens \\+ max_tokens 1024 exceed"):
     sampler.generate([long_prompt], SamplingParams(n=1, max_tokens=1024))
@@ -192,18 +207,29 @@ def test_a_prompt_near_the_context_limit_fits_without_power_of_two_buckets(setup
 def test_repetition_penalty_on_hand_made_logits():
   """Prompt and generated ids are penalized (positive logits divided, others multiplied),
   left padding is not, and a penalty of 1 leaves the logits alone."""
-  logits = jnp.asarray([[2.0, -1.0, 0.5, -3.0, 1.0, 0.0],
-                        [3.0, -2.0, 1.5, 1.0, -0.5, 0.0],
-                        [3.0, -2.0, 1.5, 1.0, -0.5, 0.0]], jnp.float32)
-  prompts = jnp.asarray([[0, 0, 2, 3],     # two pad positions (id 0) then 2, 3
-                         [0, 4, 4, 5],     # id 0 is a real token here
-                         [0, 1, 2, 3]])
+  logits = jnp.asarray(
+    [
+      [2.0, -1.0, 0.5, -3.0, 1.0, 0.0],
+      [3.0, -2.0, 1.5, 1.0, -0.5, 0.0],
+      [3.0, -2.0, 1.5, 1.0, -0.5, 0.0],
+    ],
+    jnp.float32,
+  )
+  prompts = jnp.asarray(
+    [
+      [0, 0, 2, 3],  # two pad positions (id 0) then 2, 3
+      [0, 4, 4, 5],  # id 0 is a real token here
+      [0, 1, 2, 3],
+    ]
+  )
   valid = jnp.asarray([[False, False, True, True], [True] * 4, [True] * 4])
   seen = prompt_seen_mask(prompts, valid, 6)
-  assert np.asarray(seen).tolist() == [[False, False, True, True, False, False],
-                                       [True, False, False, False, True, True],
-                                       [True, True, True, True, False, False]]
-  seen = mark_seen(seen, jnp.asarray([4, 1, 5]))   # one generated token per row
+  assert np.asarray(seen).tolist() == [
+    [False, False, True, True, False, False],
+    [True, False, False, False, True, True],
+    [True, True, True, True, False, False],
+  ]
+  seen = mark_seen(seen, jnp.asarray([4, 1, 5]))  # one generated token per row
   out = np.asarray(apply_repetition_penalty(logits, seen, jnp.asarray([2.0, 1.5, 1.0])))
   np.testing.assert_allclose(out[0], [2.0, -1.0, 0.25, -6.0, 0.5, 0.0], rtol=1e-6)
   np.testing.assert_allclose(out[1], [2.0, -3.0, 1.5, 1.0, -0.75, 0.0], rtol=1e-6)
@@ -226,34 +252,52 @@ def test_repetition_penalty_greedy_matches_reference_and_keeps_raw_logprobs(setu
   plain = sampler.generate(prompts, plain_sp)
   again = sampler.generate(prompts, dataclasses.replace(plain_sp, repetition_penalty=1.0))
   assert [(c[0].token_ids, c[0].logprobs) for c in again] == [
-      (c[0].token_ids, c[0].logprobs) for c in plain]
+    (c[0].token_ids, c[0].logprobs) for c in plain
+  ]
   pen = sampler.generate(prompts, dataclasses.replace(plain_sp, repetition_penalty=2.0))
   for prompt, out in zip(prompts, pen):
     assert list(out[0].token_ids) == _penalized_greedy_reference(params, cfg, prompt, 12, 2.0)
-    np.testing.assert_allclose(out[0].logprobs,
-                               _model_logprobs(params, cfg, prompt, out[0].token_ids),
-                               atol=1e-5, rtol=0)
-  changed = [(prompt, a[0].token_ids, _first_difference(a[0].token_ids, b[0].token_ids))
-             for prompt, a, b in zip(prompts, plain, pen) if a[0].token_ids != b[0].token_ids]
+    np.testing.assert_allclose(
+      out[0].logprobs, _model_logprobs(params, cfg, prompt, out[0].token_ids), atol=1e-5, rtol=0
+    )
+  changed = [
+    (prompt, a[0].token_ids, _first_difference(a[0].token_ids, b[0].token_ids))
+    for prompt, a, b in zip(prompts, plain, pen)
+    if a[0].token_ids != b[0].token_ids
+  ]
   assert changed
   # Somewhere the penalty turned greedy away from a token seen only in the prompt.
   assert any(ids[t] in prompt and ids[t] not in ids[:t] for prompt, ids, t in changed)
   # QbQ's scoring samples: logprobs stay the raw model's under every filter.
-  qbq = SamplingParams(n=2, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
-                       max_tokens=12, seed=4, ignore_eos=True)
+  qbq = SamplingParams(
+    n=2,
+    temperature=0.7,
+    top_p=0.8,
+    top_k=20,
+    repetition_penalty=1.05,
+    max_tokens=12,
+    seed=4,
+    ignore_eos=True,
+  )
   for prompt, group in zip(PROMPTS, sampler.generate(PROMPTS, qbq)):
     for c in group:
-      np.testing.assert_allclose(c.logprobs, _model_logprobs(params, cfg, prompt, c.token_ids),
-                                 atol=1e-5, rtol=0)
+      np.testing.assert_allclose(
+        c.logprobs, _model_logprobs(params, cfg, prompt, c.token_ids), atol=1e-5, rtol=0
+      )
 
 
 def test_row_keys_are_the_per_request_keys():
   """The vectorised key derivation gives every row fold_in(PRNGKey(seed + prompt), sample),
   the same key as deriving each row's on its own (seeds up to the top of step_seed's range)."""
   from rlvr.sampling.jax_sampler import _row_keys
-  for base in (0, 7, 2 ** 31 - 3):
+
+  for base in (0, 7, 2**31 - 3):
     pi, si = np.repeat(np.arange(5), 3), np.tile(np.arange(3), 5)
     got = np.asarray(_row_keys((base + pi).astype(np.uint32), si.astype(np.uint32)))
-    want = np.stack([np.asarray(jax.random.fold_in(jax.random.PRNGKey(base + int(a)), int(b)))
-                     for a, b in zip(pi, si)])
+    want = np.stack(
+      [
+        np.asarray(jax.random.fold_in(jax.random.PRNGKey(base + int(a)), int(b)))
+        for a, b in zip(pi, si)
+      ]
+    )
     np.testing.assert_array_equal(got, want)

@@ -23,8 +23,9 @@ def tiny(tiny_dirs):
 
 
 def _batch(step, vocab, mesh):
-  return learner.TrainBatch(**jax.device_put(worker.make_batch(step, vocab),
-                                             sharding.batch_sharding(mesh, 1)))
+  return learner.TrainBatch(
+    **jax.device_put(worker.make_batch(step, vocab), sharding.batch_sharding(mesh, 1))
+  )
 
 
 def _run(cfg, params, lc, mesh_axes, steps=1, devices=None):
@@ -33,16 +34,21 @@ def _run(cfg, params, lc, mesh_axes, steps=1, devices=None):
   update = learner.make_update_fn(cfg, lc, mesh)
   metrics = None
   for s in range(steps):
-    batch = learner.TrainBatch(**{k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim))
-                                  for k, v in worker.make_batch(s, cfg.vocab_size).items()})
+    batch = learner.TrainBatch(
+      **{
+        k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim))
+        for k, v in worker.make_batch(s, cfg.vocab_size).items()
+      }
+    )
     state, metrics = update(state, batch)
   return state, metrics
 
 
 def _assert_params_close(a, b, rtol=1e-5, atol=1e-7):
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
-                               err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(
+      np.asarray(x), np.asarray(y), rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path)
+    )
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
@@ -55,8 +61,9 @@ def test_micro_batches_give_the_same_update(tiny, aggregation):
   np.testing.assert_allclose(float(m1["loss"]), float(m4["loss"]), rtol=1e-5)
   np.testing.assert_allclose(float(m1["grad_norm"]), float(m4["grad_norm"]), rtol=1e-5)
   _assert_params_close(s1.params, s4.params)
-  moved = max(float(jnp.abs(a - b).max()) for a, b in
-              zip(jax.tree.leaves(s1.params), jax.tree.leaves(params)))
+  moved = max(
+    float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(params))
+  )
   assert moved > 1e-4  # the update did something
   rows = worker.make_batch(0, cfg.vocab_size)["tokens_bt"].shape[0]
   by_rows = worker.learner_config(micro_batch_rows=rows // 4, aggregation=aggregation)
@@ -68,8 +75,9 @@ def test_micro_batches_give_the_same_update(tiny, aggregation):
     by_rows.micro_count(rows + 1)
 
 
-@pytest.mark.parametrize("mesh_axes", [{"fsdp": 8}, {"data": 2, "fsdp": 2, "tensor": 2},
-                                       {"tensor": 8}])
+@pytest.mark.parametrize(
+  "mesh_axes", [{"fsdp": 8}, {"data": 2, "fsdp": 2, "tensor": 2}, {"tensor": 8}]
+)
 def test_sharded_update_equals_single_device(tiny, mesh_axes):
   _, cfg, params = tiny
   lc = worker.learner_config(micro_batches=2)
@@ -80,9 +88,9 @@ def test_sharded_update_equals_single_device(tiny, mesh_axes):
   # shardings are the ones the rules ask for (axes that do not divide are dropped):
   # q_kernel [layers 2, embed 128, heads 4, head_dim 32], gate_kernel [2, embed 128, mlp 256]
   q_shard, gate_shard = {
-      "fsdp=8": ((2, 16, 4, 32), (2, 16, 256)),
-      "data=2,fsdp=2,tensor=2": ((2, 64, 2, 32), (2, 64, 128)),
-      "tensor=8": ((2, 128, 4, 32), (2, 128, 32)),  # 4 heads cannot split 8 ways
+    "fsdp=8": ((2, 16, 4, 32), (2, 16, 256)),
+    "data=2,fsdp=2,tensor=2": ((2, 64, 2, 32), (2, 64, 128)),
+    "tensor=8": ((2, 128, 4, 32), (2, 128, 32)),  # 4 heads cannot split 8 ways
   }[",".join(f"{k}={v}" for k, v in mesh_axes.items())]
   for tree in (got.params, got.opt_state[1][0].mu, got.opt_state[1][0].nu):
     assert tree["layers"]["attn"]["q_kernel"].sharding.shard_shape((2, 128, 4, 32)) == q_shard
@@ -113,8 +121,9 @@ def test_remat_policies_give_the_same_update(tiny):
   dev = jax.devices()[:1]
   s0, m0 = _run(cfg, params, worker.learner_config(), {"fsdp": 1}, devices=dev)
   for policy in ("nothing", "dots"):
-    s, m = _run(cfg, params, worker.learner_config(remat=True, remat_policy=policy),
-                {"fsdp": 1}, devices=dev)
+    s, m = _run(
+      cfg, params, worker.learner_config(remat=True, remat_policy=policy), {"fsdp": 1}, devices=dev
+    )
     np.testing.assert_allclose(float(m["loss"]), float(m0["loss"]), rtol=1e-6)
     _assert_params_close(s.params, s0.params)
   with pytest.raises(ValueError, match="remat_policy"):
@@ -123,9 +132,16 @@ def test_remat_policies_give_the_same_update(tiny):
 
 def test_kl_and_masks_and_tis_run(tiny):
   _, cfg, params = tiny
-  lc = worker.learner_config(kl_beta=0.1, mask_truncated=True, tis_cap=2.0,
-                             compute_dtype="bfloat16", remat=True, lr_schedule="cosine",
-                             warmup_steps=2, total_steps=10)
+  lc = worker.learner_config(
+    kl_beta=0.1,
+    mask_truncated=True,
+    tis_cap=2.0,
+    compute_dtype="bfloat16",
+    remat=True,
+    lr_schedule="cosine",
+    warmup_steps=2,
+    total_steps=10,
+  )
   mesh = sharding.make_mesh({"fsdp": 2}, jax.devices()[:2])
   state = learner.init_state(cfg, lc, params, mesh)
   assert state.ref_params is not None
@@ -149,8 +165,12 @@ def test_kl_and_masks_and_tis_run(tiny):
 def test_bad_learner_config_is_named():
   with pytest.raises(ValueError, match="aggregation"):
     learner.LearnerConfig(aggregation="mean")
-  for field, bad in (("micro_batch_rows", -1), ("eps_low", 1.5), ("dual_clip", 0.5),
-                     ("tis_cap", 0.0)):
+  for field, bad in (
+    ("micro_batch_rows", -1),
+    ("eps_low", 1.5),
+    ("dual_clip", 0.5),
+    ("tis_cap", 0.0),
+  ):
     with pytest.raises(ValueError, match=field):
       learner.LearnerConfig(**{field: bad})
   with pytest.raises(ValueError, match="mesh axes"):
@@ -171,14 +191,48 @@ def _load(path):
 def test_multi_host_equals_single_process(tiny, tmp_path):
   path, cfg, params = tiny
   from rlvr.sampling.vllm_server import free_port
+
   port = free_port()
-  procs = [_worker(["--model", path, "--out", str(tmp_path / "mh.npz"), "--steps", "3",
-                    "--mesh", "fsdp=4", "--devices", "2", "--num_processes", "2",
-                    "--process_id", str(i), "--port", str(port),
-                    "--export", str(tmp_path / "hf")]) for i in range(2)]
+  procs = [
+    _worker(
+      [
+        "--model",
+        path,
+        "--out",
+        str(tmp_path / "mh.npz"),
+        "--steps",
+        "3",
+        "--mesh",
+        "fsdp=4",
+        "--devices",
+        "2",
+        "--num_processes",
+        "2",
+        "--process_id",
+        str(i),
+        "--port",
+        str(port),
+        "--export",
+        str(tmp_path / "hf"),
+      ]
+    )
+    for i in range(2)
+  ]
   assert [p.wait(timeout=600) for p in procs] == [0, 0]
-  single = _worker(["--model", path, "--out", str(tmp_path / "sp.npz"), "--steps", "3",
-                    "--mesh", "fsdp=4", "--devices", "4"])
+  single = _worker(
+    [
+      "--model",
+      path,
+      "--out",
+      str(tmp_path / "sp.npz"),
+      "--steps",
+      "3",
+      "--mesh",
+      "fsdp=4",
+      "--devices",
+      "4",
+    ]
+  )
   assert single.wait(timeout=600) == 0
   mh, sp = _load(tmp_path / "mh.npz"), _load(tmp_path / "sp.npz")
   assert mh.keys() == sp.keys() and int(mh["__step__"]) == 3
@@ -187,7 +241,7 @@ def test_multi_host_equals_single_process(tiny, tmp_path):
   # The HF export of parameters sharded over both processes: written once, by process 0,
   # and equal to the gathered parameters.
   _, exported = model.load_hf(str(tmp_path / "hf"))
-  for (p, x) in jax.tree_util.tree_leaves_with_path(exported):
+  for p, x in jax.tree_util.tree_leaves_with_path(exported):
     key = "/".join(str(getattr(k, "key", k)) for k in p)
     np.testing.assert_array_equal(np.asarray(x), mh[key], err_msg=key)
 
@@ -196,13 +250,41 @@ def test_multi_host_equals_single_process(tiny, tmp_path):
 def test_resume_in_new_process_on_another_mesh(tiny, tmp_path):
   path, _, _ = tiny
   ckpt = str(tmp_path / "ckpt")
-  full = _worker(["--model", path, "--out", str(tmp_path / "full.npz"), "--steps", "3",
-                  "--mesh", "fsdp=4"])
-  first = _worker(["--model", path, "--out", str(tmp_path / "a.npz"), "--steps", "2",
-                   "--mesh", "fsdp=4", "--ckpt", ckpt, "--save_at", "2"])
+  full = _worker(
+    ["--model", path, "--out", str(tmp_path / "full.npz"), "--steps", "3", "--mesh", "fsdp=4"]
+  )
+  first = _worker(
+    [
+      "--model",
+      path,
+      "--out",
+      str(tmp_path / "a.npz"),
+      "--steps",
+      "2",
+      "--mesh",
+      "fsdp=4",
+      "--ckpt",
+      ckpt,
+      "--save_at",
+      "2",
+    ]
+  )
   assert full.wait(timeout=600) == 0 and first.wait(timeout=600) == 0
-  second = _worker(["--model", path, "--out", str(tmp_path / "b.npz"), "--steps", "3",
-                    "--mesh", "data=2,tensor=2", "--ckpt", ckpt, "--resume"])
+  second = _worker(
+    [
+      "--model",
+      path,
+      "--out",
+      str(tmp_path / "b.npz"),
+      "--steps",
+      "3",
+      "--mesh",
+      "data=2,tensor=2",
+      "--ckpt",
+      ckpt,
+      "--resume",
+    ]
+  )
   assert second.wait(timeout=600) == 0
   a, b = _load(tmp_path / "full.npz"), _load(tmp_path / "b.npz")
   assert int(b["__step__"]) == 3

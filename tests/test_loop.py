@@ -36,8 +36,9 @@ def tiny(tiny_dirs):
   return cfg, params, tok
 
 
-RL = loop.RLConfig(prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8,
-                   max_extra_rounds=2)
+RL = loop.RLConfig(
+  prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8, max_extra_rounds=2
+)
 PROMPTS = [loop.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
 
 
@@ -48,13 +49,15 @@ def _draw():
     out = [PROMPTS[(state["i"] + j) % len(PROMPTS)] for j in range(k)]
     state["i"] += k
     return out
+
   return draw, state
 
 
 def _env(sampler, tok, score_fn):
   enc = lambda text: tok.encode(text)
-  return loop.StepEnv(sampler, score_fn, rl=RL, pad_id=tok.pad_token_id, encode=enc,
-                      encode_task=enc)
+  return loop.StepEnv(
+    sampler, score_fn, rl=RL, pad_id=tok.pad_token_id, encode=enc, encode_task=enc
+  )
 
 
 def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
@@ -76,14 +79,17 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
     assert tuple(arrays["tokens_bt"][r, :p]) == g.prompt.ids
     assert arrays["loss_mask_bt"][r, :p].sum() == 0
     assert arrays["loss_mask_bt"][r].sum() == len(c.token_ids)
-    np.testing.assert_allclose(arrays["sampler_logp_bt"][r, p:p + len(c.token_ids)], c.logprobs)
+    np.testing.assert_allclose(arrays["sampler_logp_bt"][r, p : p + len(c.token_ids)], c.logprobs)
 
 
 def test_all_solved_data_ends_with_a_clear_message(tiny):
   cfg, params, tok = tiny
   draw, state = _draw()
-  with pytest.raises(loop.NoSignalError, match=r"no group with mixed rewards.*3 rounds.*"
-                                               r"solve_all 100%"):
+  with pytest.raises(
+    loop.NoSignalError,
+    match=r"no group with mixed rewards.*3 rounds.*"
+    r"solve_all 100%",
+  ):
     loop.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_right), draw, step=0)
   # bounded: 4 prompts, then 2 x 8 over-sampled prompts
   assert state["i"] == 4 + 8 + 8
@@ -93,29 +99,54 @@ def test_one_step_with_jax_sampler_updates_and_syncs(tiny, one_device_learner):
   cfg, params, tok = tiny
   state, update, to_batch = one_device_learner(cfg, params, 1e-3)
   sampler = JaxSampler(cfg, params, tok)
-  state, m = loop.rl_step(state, update, plain.Plain(PROMPTS, seed=0),
-                          _env(sampler, tok, even_length), 0, to_batch)
+  state, m = loop.rl_step(
+    state, update, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0, to_batch
+  )
   assert int(state.step) == 1 and sampler.version == 1
   assert sampler._params is state.params
-  for key in ("reward_mean", "accuracy", "solve_all", "solve_none", "entropy",
-              "response_len_mean", "response_len_max", "truncated_frac", "clip_frac_low",
-              "clip_frac_high", "grad_norm", "mismatch_abs", "tokens_per_s", "time_sample",
-              "time_score", "time_buffer", "time_update", "time_sync", "time_step"):
+  for key in (
+    "reward_mean",
+    "accuracy",
+    "solve_all",
+    "solve_none",
+    "entropy",
+    "response_len_mean",
+    "response_len_max",
+    "truncated_frac",
+    "clip_frac_low",
+    "clip_frac_high",
+    "grad_norm",
+    "mismatch_abs",
+    "tokens_per_s",
+    "time_sample",
+    "time_score",
+    "time_buffer",
+    "time_update",
+    "time_sync",
+    "time_step",
+  ):
     assert key in m and np.isfinite(m[key]), key
   assert m["groups_kept"] == 4 and m["mismatch_abs"] < 1e-4  # same weights sampled and learned
 
 
-def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir, tmp_path,
-                                                   one_device_learner):
+def test_one_step_with_vllm_sampler_syncs_weights(
+  vllm_server, served_model_dir, tmp_path, one_device_learner
+):
   from rlvr.sampling.vllm_sampler import VLLMSampler
+
   cfg, params = model.load_hf(served_model_dir)
   tok = AutoTokenizer.from_pretrained(served_model_dir)
   state, update, to_batch = one_device_learner(cfg, params, 1e-2)
-  sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=tok.eos_token_id,
-                        sync_dir=str(tmp_path / "sync"))
+  sampler = VLLMSampler(
+    vllm_server.url,
+    model_config=cfg,
+    eos_token_id=tok.eos_token_id,
+    sync_dir=str(tmp_path / "sync"),
+  )
   try:
-    state, m = loop.rl_step(state, update, plain.Plain(PROMPTS, seed=0),
-                            _env(sampler, tok, even_length), 0, to_batch)
+    state, m = loop.rl_step(
+      state, update, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0, to_batch
+    )
     assert sampler.version == 1 and m["groups_kept"] == 4
     assert m["mismatch_abs"] < 1e-3  # vLLM's logprobs vs the learner's, before the update
     info = sampler._session().get(vllm_server.url + "/weight_info").json()
@@ -124,33 +155,51 @@ def test_one_step_with_vllm_sampler_syncs_weights(vllm_server, served_model_dir,
     from test_vllm_sampler import _our_logprobs
 
     from rlvr.sampling import SamplingParams
-    out = sampler.generate([[5, 6, 7]], SamplingParams(n=1, max_tokens=8, seed=3,
-                                                       ignore_eos=True))[0][0]
+
+    out = sampler.generate([[5, 6, 7]], SamplingParams(n=1, max_tokens=8, seed=3, ignore_eos=True))[
+      0
+    ][0]
     new = jax.device_get(state.params)
-    np.testing.assert_allclose(out.logprobs, _our_logprobs(new, cfg, [5, 6, 7], out.token_ids),
-                               atol=1e-3)
+    np.testing.assert_allclose(
+      out.logprobs, _our_logprobs(new, cfg, [5, 6, 7], out.token_ids), atol=1e-3
+    )
   finally:
     sampler.update_weights(params, version=2)  # leave the shared server as we found it
     sampler.close()
 
 
 # The method lives in tests/, not in rlvr/: the seam needs no library edit.
-_ENV = dict(os.environ, JAX_PLATFORMS="cpu",
-            PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), REPO]))
+_ENV = dict(
+  os.environ,
+  JAX_PLATFORMS="cpu",
+  PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), REPO]),
+)
 
 
 def _command(workdir, *flags):
-  return [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
-          f"--workdir={workdir}", "--config.sft.steps=30", "--config.sft.learner.total_steps=30",
-          "--config.data.arithmetic.n_heldout=32", "--config.eval.sampling.n=2",
-          "--config.rl.loop.dynamic_sampling=False", "--config.rl.loop.prompts_per_step=4",
-          "--config.checkpoint.every=2", "--config.export_hf=False",
-          "--config.method=counting_method:make", *flags]
+  return [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_rlvr.py",
+    f"--workdir={workdir}",
+    "--config.sft.steps=30",
+    "--config.sft.learner.total_steps=30",
+    "--config.data.arithmetic.n_heldout=32",
+    "--config.eval.sampling.n=2",
+    "--config.rl.loop.dynamic_sampling=False",
+    "--config.rl.loop.prompts_per_step=4",
+    "--config.checkpoint.every=2",
+    "--config.export_hf=False",
+    "--config.method=counting_method:make",
+    *flags,
+  ]
 
 
 def _train(workdir, *flags):
-  out = subprocess.run(_command(workdir, *flags), cwd=REPO, env=_ENV, capture_output=True,
-                       text=True, timeout=900)
+  out = subprocess.run(
+    _command(workdir, *flags), cwd=REPO, env=_ENV, capture_output=True, text=True, timeout=900
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   return [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
 
@@ -164,8 +213,14 @@ def test_method_from_outside_the_library_stops_on_sigterm_and_resumes_with_its_s
   # The same command, stopped by SIGTERM once its first RL step is logged: it ends the
   # step in progress, saves a checkpoint there and exits non-zero; the rerun resumes.
   cut = tmp_path / "cut"
-  proc = subprocess.Popen(_command(str(cut), "--config.rl.steps=4"), cwd=REPO, env=_ENV,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    _command(str(cut), "--config.rl.steps=4"),
+    cwd=REPO,
+    env=_ENV,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   rows = cut / "metrics.jsonl"
   while proc.poll() is None and not (rows.exists() and rows.read_text().count("\n") >= 1):
     time.sleep(0.1)
@@ -193,15 +248,26 @@ def test_sigterm_during_evaluation_stops_with_one_line(tmp_path):
   """Outside a training step (here: the evaluation before RL), SIGTERM abandons the phase
   and says so in one line, exit 128 + 15, no traceback."""
   import threading
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
-         f"--workdir={tmp_path}", "--config.sft.steps=0", "--config.data.arithmetic.n_sft=0",
-         "--config.data.arithmetic.n_heldout=256", "--config.eval.sampling.n=4",
-         "--config.eval.sampling.batch_prompts=16"]
-  proc = subprocess.Popen(cmd, cwd=REPO, env=_ENV, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
+
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_rlvr.py",
+    f"--workdir={tmp_path}",
+    "--config.sft.steps=0",
+    "--config.data.arithmetic.n_sft=0",
+    "--config.data.arithmetic.n_heldout=256",
+    "--config.eval.sampling.n=4",
+    "--config.eval.sampling.batch_prompts=16",
+  ]
+  proc = subprocess.Popen(
+    cmd, cwd=REPO, env=_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+  )
   err = bytearray()
-  reader = threading.Thread(target=lambda: [err.extend(c) for c in iter(
-      lambda: proc.stderr.read(1), b"")], daemon=True)
+  reader = threading.Thread(
+    target=lambda: [err.extend(c) for c in iter(lambda: proc.stderr.read(1), b"")], daemon=True
+  )
   reader.start()
   deadline = time.time() + 600
   while b"eval seed" not in err and proc.poll() is None and time.time() < deadline:
@@ -213,4 +279,4 @@ def test_sigterm_during_evaluation_stops_with_one_line(tmp_path):
   assert proc.returncode == 128 + signal.SIGTERM, text[-3000:]
   assert "stopped by SIGTERM outside a training step" in text and "rerun the same command" in text
   assert "Traceback" not in text
-  assert not (tmp_path / "eval_before_rl").exists()   # nothing half-written
+  assert not (tmp_path / "eval_before_rl").exists()  # nothing half-written

@@ -21,10 +21,15 @@ from transformers import AutoModelForCausalLM
 from rlvr import checkpoint, learner, lora, model, settings, sharding
 from rlvr.lora import LoraConfig
 
-HF_MODULE = {"q_kernel": "self_attn.q_proj", "k_kernel": "self_attn.k_proj",
-             "v_kernel": "self_attn.v_proj", "o_kernel": "self_attn.o_proj",
-             "gate_kernel": "mlp.gate_proj", "up_kernel": "mlp.up_proj",
-             "down_kernel": "mlp.down_proj"}
+HF_MODULE = {
+  "q_kernel": "self_attn.q_proj",
+  "k_kernel": "self_attn.k_proj",
+  "v_kernel": "self_attn.v_proj",
+  "o_kernel": "self_attn.o_proj",
+  "gate_kernel": "mlp.gate_proj",
+  "up_kernel": "mlp.up_proj",
+  "down_kernel": "mlp.down_proj",
+}
 
 
 def _random_adapters(params, cfg, seed=1, b_std=0.05):
@@ -32,14 +37,22 @@ def _random_adapters(params, cfg, seed=1, b_std=0.05):
   ad = lora.init_adapters(params, cfg, jax.random.key(seed))
   rng = np.random.RandomState(seed)
   return jax.tree_util.tree_map_with_path(
-      lambda p, x: (jnp.asarray(rng.randn(*x.shape).astype(np.float32) * b_std)
-                    if p[-1].key == "lora_b" else x), ad)
+    lambda p, x: (
+      jnp.asarray(rng.randn(*x.shape).astype(np.float32) * b_std) if p[-1].key == "lora_b" else x
+    ),
+    ad,
+  )
 
 
 def test_bad_config_names_the_field():
-  for kw, field in [(dict(rank=-1), "rank"), (dict(alpha=0.0), "alpha"),
-                    (dict(dropout=1.0), "dropout"), (dict(targets="q_kernel"), "targets"),
-                    (dict(targets=("q_proj",)), "targets"), (dict(targets=()), "targets")]:
+  for kw, field in [
+    (dict(rank=-1), "rank"),
+    (dict(alpha=0.0), "alpha"),
+    (dict(dropout=1.0), "dropout"),
+    (dict(targets="q_kernel"), "targets"),
+    (dict(targets=("q_proj",)), "targets"),
+    (dict(targets=()), "targets"),
+  ]:
     with pytest.raises(ValueError, match=field):
       LoraConfig(**kw)
   with pytest.raises(ValueError, match="lora"):
@@ -49,12 +62,14 @@ def test_bad_config_names_the_field():
   sec.lora.dropout = 0.1
   lc = settings.frozen(learner.LearnerConfig, sec)
   assert lc.lora == LoraConfig(rank=32, dropout=0.1) and lc.lora.scale == 2.0
-  assert settings.frozen(learner.LearnerConfig, settings.section(learner.LearnerConfig)) \
-      == learner.LearnerConfig()
+  assert (
+    settings.frozen(learner.LearnerConfig, settings.section(learner.LearnerConfig))
+    == learner.LearnerConfig()
+  )
 
 
 def test_a_target_the_model_lacks_is_named(tiny_dirs):
-  _, params = model.load_hf(tiny_dirs["qwen2"])   # tied: no lm_head
+  _, params = model.load_hf(tiny_dirs["qwen2"])  # tied: no lm_head
   with pytest.raises(ValueError, match="targets: 'lm_head'"):
     lora.init_adapters(params, LoraConfig(rank=2, targets=("lm_head",)), jax.random.key(0))
 
@@ -70,15 +85,21 @@ def test_fresh_adapters_leave_the_model_unchanged(tiny_dirs):
   assert attn["o_kernel"]["lora_a"].shape == (3, 4, 32, 8)
   assert attn["o_kernel"]["lora_b"].shape == (3, 8, 128)
   assert set(traverse_util.flatten_dict(ad)) == {
-      ("layers", m, k, ab) for m, ks in (("attn", "qkvo"), ("mlp", ("gate", "up", "down")))
-      for k in (f"{x}_kernel" for x in ks) for ab in ("lora_a", "lora_b")}
+    ("layers", m, k, ab)
+    for m, ks in (("attn", "qkvo"), ("mlp", ("gate", "up", "down")))
+    for k in (f"{x}_kernel" for x in ks)
+    for ab in ("lora_a", "lora_b")
+  }
   assert all(float(jnp.abs(x["lora_a"]).min()) > 0 for x in attn.values())
   merged = lora.merge(params, ad, lc, dropout_rng=jax.random.key(3))
-  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
-               merged, params)
+  jax.tree.map(
+    lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), merged, params
+  )
   tokens = jnp.asarray(_tokens((2, 24)))
-  np.testing.assert_array_equal(np.asarray(model.forward(merged, tokens, config=cfg)),
-                                np.asarray(model.forward(params, tokens, config=cfg)))
+  np.testing.assert_array_equal(
+    np.asarray(model.forward(merged, tokens, config=cfg)),
+    np.asarray(model.forward(params, tokens, config=cfg)),
+  )
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
@@ -128,8 +149,9 @@ def test_merge_equals_a_numpy_loop_over_layers(tiny_dirs):
   for path in kernels:
     w, a, b = flat_p[path], flat_a[path + ("lora_a",)], flat_a[path + ("lora_b",)]
     n_in = lora.IN_DIMS[path[-1]]
-    per_layer = [(w[i], a[i], b[i]) for i in range(cfg.num_layers)] if path[0] == "layers" \
-        else [(w, a, b)]
+    per_layer = (
+      [(w[i], a[i], b[i]) for i in range(cfg.num_layers)] if path[0] == "layers" else [(w, a, b)]
+    )
     out = []
     for wl, al, bl in per_layer:
       din = int(np.prod(wl.shape[:n_in]))
@@ -138,8 +160,9 @@ def test_merge_equals_a_numpy_loop_over_layers(tiny_dirs):
     want[path] = np.stack(out) if path[0] == "layers" else out[0]
   merged = traverse_util.flatten_dict(lora.merge(params, ad, lc))
   for path in flat_p:
-    np.testing.assert_allclose(np.asarray(merged[path]), want[path], rtol=0, atol=1e-6,
-                               err_msg=str(path))
+    np.testing.assert_allclose(
+      np.asarray(merged[path]), want[path], rtol=0, atol=1e-6, err_msg=str(path)
+    )
   tokens = jnp.asarray(_tokens((2, 24), seed=3))
   got = np.asarray(model.forward(traverse_util.unflatten_dict(merged), tokens, config=cfg))
   ref = np.asarray(model.forward(traverse_util.unflatten_dict(want), tokens, config=cfg))
@@ -155,14 +178,13 @@ def test_dropout_drops_input_rows_of_a(tiny_dirs):
   ad = _random_adapters(params, lc, seed=4)
   w = params["layers"]["attn"]["q_kernel"]
   full = np.asarray(lora.merge(params, ad, lc)["layers"]["attn"]["q_kernel"] - w)
-  drop = np.asarray(lora.merge(params, ad, lc, jax.random.key(5))["layers"]["attn"]["q_kernel"]
-                    - w)
+  drop = np.asarray(lora.merge(params, ad, lc, jax.random.key(5))["layers"]["attn"]["q_kernel"] - w)
   again = lora.merge(params, ad, lc, jax.random.key(5))["layers"]["attn"]["q_kernel"]
-  np.testing.assert_array_equal(np.asarray(again - w), drop)         # a key fixes the mask
+  np.testing.assert_array_equal(np.asarray(again - w), drop)  # a key fixes the mask
   full, drop = full.reshape(2, 128, -1), drop.reshape(2, 128, -1)
   kept = np.abs(drop).max(-1) > 0
   np.testing.assert_allclose(drop[kept], 2 * full[kept], rtol=1e-4, atol=1e-6)
-  assert 0.3 < kept.mean() < 0.7 and (kept[0] != kept[1]).any()    # independent per layer
+  assert 0.3 < kept.mean() < 0.7 and (kept[0] != kept[1]).any()  # independent per layer
 
 
 # --------------------------------------------------------------------- training
@@ -174,9 +196,13 @@ def _train(cfg, params, lc, mesh, steps=3):
   update = learner.make_update_fn(cfg, lc, mesh)
   for s in range(steps):
     b = worker.make_batch(s, cfg.vocab_size)
-    b["advantages_b"] = np.abs(b["advantages_b"]) + 0.5   # SFT-like: raise every completion
-    state, _ = update(state, learner.TrainBatch(**{
-        k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim)) for k, v in b.items()}))
+    b["advantages_b"] = np.abs(b["advantages_b"]) + 0.5  # SFT-like: raise every completion
+    state, _ = update(
+      state,
+      learner.TrainBatch(
+        **{k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim)) for k, v in b.items()}
+      ),
+    )
   return state
 
 
@@ -191,15 +217,19 @@ def trained(tiny_dirs):
 def test_training_moves_only_the_adapters(trained):
   cfg, params, lc, state = trained
   assert isinstance(state, learner.LoraTrainState) and int(state.step) == 3
-  full = jax.eval_shape(lambda p: learner.new_state(p, jax.random.PRNGKey(0),
-                                                    learner.LearnerConfig()), params)
-  assert type(full) is learner.TrainState     # full fine-tuning: the plain state, its checkpoints
-  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
-               state.base, params)                           # base bit-identical
-  fresh = lora.init_adapters(params, lc.lora, jax.random.fold_in(jax.random.PRNGKey(0),
-                                                                  learner._LORA_INIT))
-  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(state.params),
-                          jax.tree.leaves(fresh)):
+  full = jax.eval_shape(
+    lambda p: learner.new_state(p, jax.random.PRNGKey(0), learner.LearnerConfig()), params
+  )
+  assert type(full) is learner.TrainState  # full fine-tuning: the plain state, its checkpoints
+  jax.tree.map(
+    lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), state.base, params
+  )  # base bit-identical
+  fresh = lora.init_adapters(
+    params, lc.lora, jax.random.fold_in(jax.random.PRNGKey(0), learner._LORA_INIT)
+  )
+  for (path, x), y in zip(
+    jax.tree_util.tree_leaves_with_path(state.params), jax.tree.leaves(fresh)
+  ):
     assert float(jnp.abs(x - y).max()) > 1e-4, jax.tree_util.keystr(path)  # A and B moved
   # The optimizer holds adapter-shaped moments only: mu and nu, one per adapter.
   adapter_shapes = sorted(x.shape for x in jax.tree.leaves(state.params))
@@ -224,13 +254,15 @@ def test_sharded_micro_batched_lora_step_equals_single_device(trained):
   lc2 = worker.learner_config(lora=LORA, learning_rate=1e-2, micro_batches=2)
   got = _train(cfg, params, lc2, mesh)
   q_a = got.params["layers"]["attn"]["q_kernel"]["lora_a"]
-  assert q_a.sharding.shard_shape(q_a.shape) == (2, 64, 4)      # embed over fsdp
+  assert q_a.sharding.shard_shape(q_a.shape) == (2, 64, 4)  # embed over fsdp
   q_b = got.params["layers"]["attn"]["q_kernel"]["lora_b"]
-  assert q_b.sharding.shard_shape(q_b.shape) == (2, 4, 2, 32)   # heads over tensor
-  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(got.params),
-                          jax.tree.leaves(ref.params)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6,
-                               err_msg=jax.tree_util.keystr(path))
+  assert q_b.sharding.shard_shape(q_b.shape) == (2, 4, 2, 32)  # heads over tensor
+  for (path, x), y in zip(
+    jax.tree_util.tree_leaves_with_path(got.params), jax.tree.leaves(ref.params)
+  ):
+    np.testing.assert_allclose(
+      np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path)
+    )
 
 
 def test_merged_export_loads_in_transformers(trained, tmp_path):
@@ -239,12 +271,13 @@ def test_merged_export_loads_in_transformers(trained, tmp_path):
     checkpoint.export_hf(str(tmp_path / "no"), cfg, state)
   out = checkpoint.export_hf(str(tmp_path / "merged"), cfg, state, cfg=lc)
   tokens = _tokens((2, 33), seed=4)
-  ours = np.asarray(model.forward(learner.policy_params(state, lc), jnp.asarray(tokens),
-                                  config=cfg))
+  ours = np.asarray(
+    model.forward(learner.policy_params(state, lc), jnp.asarray(tokens), config=cfg)
+  )
   ref = _torch_logits(out, tokens)
   np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
   base = np.asarray(model.forward(params, jnp.asarray(tokens), config=cfg))
-  assert np.abs(ref - base).max() > 1e-2     # the export is not the base
+  assert np.abs(ref - base).max() > 1e-2  # the export is not the base
 
 
 def test_lora_sft_resumes_and_exports_merged(tiny_dirs, tmp_path):
@@ -252,17 +285,17 @@ def test_lora_sft_resumes_and_exports_merged(tiny_dirs, tmp_path):
   rerun resumes from it to the same merged model, which transformers loads."""
   from rlvr.sft import train_sft
   from rlvr.tasks import arithmetic
+
   train, _ = arithmetic.make_splits(16, 0, max_operand=9)
   pairs = [(p.problem, p.solution) for p in train]
   lc = learner.LearnerConfig(learning_rate=1e-2, weight_decay=0.0, dual_clip=None, lora=LORA)
   mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
   work = tmp_path / "sft"
-  kw = dict(learner_cfg=lc, mesh=mesh, steps=4, batch_size=8, checkpoint_every=2,
-            progress=False)
+  kw = dict(learner_cfg=lc, mesh=mesh, steps=4, batch_size=8, checkpoint_every=2, progress=False)
   out = train_sft(tiny_dirs["qwen2"], pairs, str(work), **kw)
   shutil.move(out, tmp_path / "first")
   assert checkpoint.manager(str(work / "checkpoints")).latest_step() == 2
-  out = train_sft(tiny_dirs["qwen2"], pairs, str(work), **kw)     # resumes at step 2
+  out = train_sft(tiny_dirs["qwen2"], pairs, str(work), **kw)  # resumes at step 2
   rows = [json.loads(line) for line in open(work / "metrics.jsonl")]
   assert [r["step"] for r in rows] == [0, 1, 2, 3]
   _, first = model.load_hf(str(tmp_path / "first"))
@@ -277,6 +310,10 @@ def test_lora_sft_resumes_and_exports_merged(tiny_dirs, tmp_path):
     else:
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(path))
   tokens = _tokens((1, 20), seed=5)
-  np.testing.assert_allclose(np.asarray(model.forward(merged, jnp.asarray(tokens), config=cfg)),
-                             _torch_logits(out, tokens), atol=1e-4, rtol=0)
+  np.testing.assert_allclose(
+    np.asarray(model.forward(merged, jnp.asarray(tokens), config=cfg)),
+    _torch_logits(out, tokens),
+    atol=1e-4,
+    rtol=0,
+  )
   assert os.path.exists(os.path.join(out, "tokenizer.json"))

@@ -16,7 +16,7 @@ from rlvr import learner, loop, model, packing, ppo
 from rlvr.sampling import JaxSampler
 
 RL = loop.RLConfig(prompts_per_step=8, group_size=4, max_prompt_len=8, max_response_len=8)
-LR = 3e-2   # large, so that later mini-batches move the ratio past the clip range
+LR = 3e-2  # large, so that later mini-batches move the ratio past the clip range
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,14 @@ def rollout(tiny_dirs):
   """Eight mixed groups sampled from the tiny model, and what the learner needs."""
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
-  env = loop.StepEnv(JaxSampler(cfg, params, tok), even_length, rl=RL, pad_id=tok.pad_token_id,
-                     encode=tok.encode, encode_task=tok.encode)
+  env = loop.StepEnv(
+    JaxSampler(cfg, params, tok),
+    even_length,
+    rl=RL,
+    pad_id=tok.pad_token_id,
+    encode=tok.encode,
+    encode_task=tok.encode,
+  )
   prompts = [loop.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
   it = iter(prompts)
   kept, _, _ = loop.gather_groups(env, lambda k: [next(it) for _ in range(k)], step=0)
@@ -45,7 +51,7 @@ def test_one_mini_batch_is_todays_update_bit_for_bit(rollout, one_device_learner
     state, m = ppo.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=0)
     assert m["optimizer_steps"] == 1 and m["ratio_max"] == 1.0
     results.append(_params(state))
-  state, update, to_batch = one_device_learner(cfg, params, LR)   # the update called directly
+  state, update, to_batch = one_device_learner(cfg, params, LR)  # the update called directly
   state, _ = update(state, to_batch(packing.build_batch(groups, RL, pad)))
   for a, b, c in zip(*results, _params(state)):
     assert np.array_equal(a, b) and np.array_equal(a, c)
@@ -60,15 +66,15 @@ def test_four_mini_batches_are_off_policy_and_equal_single_updates(rollout, one_
   assert sorted(id(g) for c in chunks for g in c) == sorted(id(g) for g in groups)
 
   state, update, to_batch = one_device_learner(cfg, params, LR)
-  batches = [to_batch(packing.build_batch(c, rl, pad, min_rows=rl.mini_batch_rows))
-             for c in chunks]
+  batches = [to_batch(packing.build_batch(c, rl, pad, min_rows=rl.mini_batch_rows)) for c in chunks]
   assert batches[0].tokens_bt.shape[0] == 2 * RL.group_size
   state, steps, kl = ppo.multi_step_update(state, update, logp_fn, batches)
   assert len(steps) == 4 and kl > 0
   assert float(steps[0]["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
   later = steps[1:]
-  assert any(abs(float(m["ratio_max"]) - 1) > 1e-3 or abs(float(m["ratio_min"]) - 1) > 1e-3
-             for m in later)
+  assert any(
+    abs(float(m["ratio_max"]) - 1) > 1e-3 or abs(float(m["ratio_min"]) - 1) > 1e-3 for m in later
+  )
   assert any(float(m["clip_frac_low"]) + float(m["clip_frac_high"]) > 0 for m in later)
 
   # By hand: old logprobs of every mini-batch under the first policy, then one update each.
@@ -95,8 +101,8 @@ def test_update_on_buffer_reports_the_steps(rollout, one_device_learner):
 
 
 def test_first_fit_and_packed_layout():
-  assert packing.first_fit([5, 9, 3, 7, 4], 12) == [[1, 2], [3, 0], [4]]   # 9+3, 7+5, 4
-  assert packing.first_fit([20, 2], 8) == [[0], [1]]   # too long: a row to itself
+  assert packing.first_fit([5, 9, 3, 7, 4], 12) == [[1, 2], [3, 0], [4]]  # 9+3, 7+5, 4
+  assert packing.first_fit([20, 2], 8) == [[0], [1]]  # too long: a row to itself
   rows = [((1, 2), (3, 4, 5), [-0.1, -0.2, -0.3]), ((6,), (7,), None), ((8, 9, 10), (11,), None)]
   a = packing.pack_rows(rows, 3, 8, pad_id=0, bins=[[0, 1], [2]])
   assert a["tokens_bt"][0].tolist() == [1, 2, 3, 4, 5, 6, 7, 0]
@@ -120,12 +126,13 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
   plain, packed = (packing.build_batch(groups, rl, pad) for rl in (RL, packed_rl))
   assert packed["segment_bt"].max() > 2
   assert packed["tokens_bt"].size < plain["tokens_bt"].size
-  assert (packed["segment_bt"] == 0).sum() <= (plain["segment_bt"] == 0).sum() / 2   # padding
+  assert (packed["segment_bt"] == 0).sum() <= (plain["segment_bt"] == 0).sum() / 2  # padding
   assert packed["loss_mask_bt"].sum() == plain["loss_mask_bt"].sum()
   assert packed["truncated_b"].shape == packed["tokens_bt"].shape
-  assert packed["truncated_b"].sum() > 0    # some sampled completions hit max_response_len
+  assert packed["truncated_b"].sum() > 0  # some sampled completions hit max_response_len
   assert np.sort(packed["advantages_b"][packed["loss_mask_bt"] > 0]).tolist() == pytest.approx(
-      np.sort(np.repeat(plain["advantages_b"], plain["loss_mask_bt"].sum(1).astype(int))))
+    np.sort(np.repeat(plain["advantages_b"], plain["loss_mask_bt"].sum(1).astype(int)))
+  )
 
   lc = dict(aggregation=aggregation, mask_truncated=True, micro_batches=2)
   logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(**lc))
@@ -137,7 +144,7 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
     state, m = update(state, batch)
     results.append((np.sort(logp), {k: float(v) for k, v in m.items()}, _params(state)))
   (lp_a, m_a, p_a), (lp_b, m_b, p_b) = results
-  np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)   # sorted: one value per loss token
+  np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)  # sorted: one value per loss token
   for k in ("loss", "grad_norm", "tokens", "entropy", "logp"):
     assert m_b[k] == pytest.approx(m_a[k], rel=1e-4, abs=1e-6), k
   for a, b in zip(p_a, p_b):
@@ -148,9 +155,12 @@ def test_old_logprobs_are_computed_per_micro_batch(rollout):
   """`make_logprob_fn` splits the batch as the update does (a training micro-batch's
   memory, not the whole buffer's) and puts every row back in place."""
   cfg, params, pad, groups = rollout
-  batch = learner.TrainBatch(**{k: jax.numpy.asarray(v)
-                                for k, v in packing.build_batch(groups, RL, pad).items()})
-  whole, split = (np.asarray(learner.make_logprob_fn(cfg, learner.LearnerConfig(
-      micro_batches=m))(params, batch)) for m in (1, 4))
+  batch = learner.TrainBatch(
+    **{k: jax.numpy.asarray(v) for k, v in packing.build_batch(groups, RL, pad).items()}
+  )
+  whole, split = (
+    np.asarray(learner.make_logprob_fn(cfg, learner.LearnerConfig(micro_batches=m))(params, batch))
+    for m in (1, 4)
+  )
   np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-5)
   assert np.abs(whole).sum() > 0

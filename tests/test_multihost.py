@@ -18,12 +18,16 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
 
-SMALL = ["--config.sft.steps=60", "--config.sft.learner.total_steps=60",
-         "--config.data.arithmetic.n_heldout=16", "--config.eval.sampling.n=2",
-         "--config.checkpoint.every=1"]
+SMALL = [
+  "--config.sft.steps=60",
+  "--config.sft.learner.total_steps=60",
+  "--config.data.arithmetic.n_heldout=16",
+  "--config.eval.sampling.n=2",
+  "--config.checkpoint.every=1",
+]
 PLAIN = ["--config=configs/tiny_rlvr.py", "--config.rl.steps=3", *SMALL]
 SVS = ["--config=configs/tiny.py", "--config.rl.steps=1", *SMALL]
-VOLATILE = ("time_", "tokens_per_s")     # wall-clock figures differ run to run
+VOLATILE = ("time_", "tokens_per_s")  # wall-clock figures differ run to run
 
 
 def _free_port() -> int:
@@ -34,8 +38,9 @@ def _free_port() -> int:
 
 def _env(devices: int, **extra) -> dict:
   env = {k: v for k, v in os.environ.items() if not k.startswith("RLVR_")}
-  return dict(env, JAX_PLATFORMS="cpu",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
+  return dict(
+    env, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra
+  )
 
 
 def _cmd(flags, workdir):
@@ -43,8 +48,9 @@ def _cmd(flags, workdir):
 
 
 def _one_process(flags, workdir):
-  out = subprocess.run(_cmd(flags, workdir), cwd=REPO, env=_env(2), capture_output=True,
-                       text=True, timeout=900)
+  out = subprocess.run(
+    _cmd(flags, workdir), cwd=REPO, env=_env(2), capture_output=True, text=True, timeout=900
+  )
   assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -55,11 +61,19 @@ def _start_two(flags, workdirs, log_dir):
   for i in (0, 1):
     # Heartbeat 30 s: 10 s once declared both processes dead while XLA compiled on 2
     # cores shared with a vLLM server.
-    env = _env(1, RLVR_COORDINATOR=f"localhost:{port}", RLVR_NUM_PROCESSES="2",
-               RLVR_PROCESS_ID=str(i), RLVR_HEARTBEAT_S="30")
+    env = _env(
+      1,
+      RLVR_COORDINATOR=f"localhost:{port}",
+      RLVR_NUM_PROCESSES="2",
+      RLVR_PROCESS_ID=str(i),
+      RLVR_HEARTBEAT_S="30",
+    )
     log = open(os.path.join(log_dir, f"process{i}.log"), "w")
-    procs.append(subprocess.Popen(_cmd(flags, workdirs[i]), cwd=REPO, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT))
+    procs.append(
+      subprocess.Popen(
+        _cmd(flags, workdirs[i]), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+      )
+    )
   return procs
 
 
@@ -76,8 +90,9 @@ def _two_processes(flags, workdir, log_dir):
 
 
 def _rows(path):
-  return [{k: v for k, v in json.loads(line).items() if not k.startswith(VOLATILE)}
-          for line in open(path)]
+  return [
+    {k: v for k, v in json.loads(line).items() if not k.startswith(VOLATILE)} for line in open(path)
+  ]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +134,7 @@ def test_a_killed_process_stops_the_other_and_a_rerun_resumes(plain_runs, tmp_pa
   killed_at = time.time()
   code = procs[0].wait(timeout=300)
   assert code != 0
-  assert time.time() - killed_at < 180      # bounded: heartbeat 30 s, then an error
+  assert time.time() - killed_at < 180  # bounded: heartbeat 30 s, then an error
   procs[1].wait()
   # Rerun both: resume from the last checkpoint, same later metrics as the run that
   # was never interrupted.
@@ -158,7 +173,7 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(plain_runs, tmp_p
   assert codes == [143, 143], logs[0][-2000:]
   assert "stopped by SIGTERM after RL step" in logs[0] + logs[1]
   done = _rows(workdir / "metrics.jsonl")
-  assert 1 <= len(done) < 3 and done == _rows(root / "two" / "metrics.jsonl")[:len(done)]
+  assert 1 <= len(done) < 3 and done == _rows(root / "two" / "metrics.jsonl")[: len(done)]
   # One checkpoint, at the step both stopped after (resuming from it: the SIGKILL test).
   steps = sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
   assert steps[-1] == len(done)
@@ -180,31 +195,50 @@ def test_one_svs_step_on_two_processes_equals_one_process(tmp_path):
   assert two[0]["svs_syntheses"] > 0
 
 
-def test_split_sampler_gives_every_process_the_one_process_rollout(vllm_server, served_model_dir,
-                                                                   tmp_path):
+def test_split_sampler_gives_every_process_the_one_process_rollout(
+  vllm_server, served_model_dir, tmp_path
+):
   """Each of two processes samples its slice on (here: the same) vLLM server; both get
   back every completion, equal to one process sampling all prompts (seeds by global index)."""
   from rlvr.model.config import ModelConfig
   from rlvr.sampling import SamplingParams
   from rlvr.sampling.vllm_sampler import VLLMSampler
-  prompts = [[5, 6, 7], [300, 301, 302, 303], [40, 41], [9, 10, 11, 12, 13]]   # 2 + 2 split
+
+  prompts = [[5, 6, 7], [300, 301, 302, 303], [40, 41], [9, 10, 11, 12, 13]]  # 2 + 2 split
   port = _free_port()
   worker = os.path.join(REPO, "tests", "split_sampler_worker.py")
-  procs = [subprocess.Popen(
-      [sys.executable, worker, f"localhost:{port}", str(i), vllm_server.url,
-       vllm_server.options.served_model_name, served_model_dir, str(tmp_path / f"out{i}.json")],
-      env=_env(1, SPLIT_PROMPTS=json.dumps(prompts)), stderr=subprocess.PIPE, text=True)
-      for i in (0, 1)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        worker,
+        f"localhost:{port}",
+        str(i),
+        vllm_server.url,
+        vllm_server.options.served_model_name,
+        served_model_dir,
+        str(tmp_path / f"out{i}.json"),
+      ],
+      env=_env(1, SPLIT_PROMPTS=json.dumps(prompts)),
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in (0, 1)
+  ]
   errs = [p.communicate(timeout=300)[1] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errs)
   got = [json.loads((tmp_path / f"out{i}.json").read_text()) for i in (0, 1)]
   assert got[0] == got[1] and len(got[0]) == 4 and all(len(g) == 2 for g in got[0])
   cfg = ModelConfig.from_hf(served_model_dir)
-  one = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
-                    model_name=vllm_server.options.served_model_name)
+  one = VLLMSampler(
+    vllm_server.url,
+    model_config=cfg,
+    eos_token_id=cfg.eos_token_id,
+    model_name=vllm_server.options.served_model_name,
+  )
   want = one.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=7))
   one.close()
   for g_got, g_want in zip(got[0], want):
     for (ids, logps, text, finish), c in zip(g_got, g_want):
       assert ids == list(c.token_ids) and text == c.text and finish == c.finish_reason
-      assert logps == pytest.approx(list(c.logprobs), abs=1e-6)   # gathered as float32
+      assert logps == pytest.approx(list(c.logprobs), abs=1e-6)  # gathered as float32

@@ -17,10 +17,19 @@ def _rows(steps=20, every=0):
   rows = []
   for s in range(steps):
     acc = 0.3 + 0.02 * s
-    row = {"step": s, "accuracy": acc, "reward_mean": acc, "entropy": 1.0 - 0.01 * s,
-           "grad_norm": 1.0 + (s % 3), "response_len_mean": 20.0 + s,
-           "solve_all": 0.1 + 0.01 * s, "solve_none": 0.5 - 0.01 * s,
-           "type1_groups": 10 + s % 2, "type2_groups": s % 3, "type3_groups": 5 + s % 4}
+    row = {
+      "step": s,
+      "accuracy": acc,
+      "reward_mean": acc,
+      "entropy": 1.0 - 0.01 * s,
+      "grad_norm": 1.0 + (s % 3),
+      "response_len_mean": 20.0 + s,
+      "solve_all": 0.1 + 0.01 * s,
+      "solve_none": 0.5 - 0.01 * s,
+      "type1_groups": 10 + s % 2,
+      "type2_groups": s % 3,
+      "type3_groups": 5 + s % 4,
+    }
     if every and (s + 1) % every == 0:
       row["heldout_pass@1"] = 0.4 + 0.01 * s
     rows.append(row)
@@ -29,8 +38,11 @@ def _rows(steps=20, every=0):
 
 def _panels(fig) -> dict[str, list[str]]:
   """{panel title: legend texts} of the figure's drawn panels."""
-  return {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()]
-          for ax in fig.axes if ax.axison}
+  return {
+    ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()]
+    for ax in fig.axes
+    if ax.axison
+  }
 
 
 def test_panels_are_titled_in_words_and_the_png_is_written(tmp_path):
@@ -38,11 +50,16 @@ def test_panels_are_titled_in_words_and_the_png_is_written(tmp_path):
   assert metrics.plot_metrics(_rows(), runner.PLOT_KEYS, path, title="run") == path
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  fig = metrics.metrics_figure(_rows(), ["accuracy", "response_len_mean", "grad_norm",
-                                         "entropy", "my_new_metric_x"])
+  fig = metrics.metrics_figure(
+    _rows(), ["accuracy", "response_len_mean", "grad_norm", "entropy", "my_new_metric_x"]
+  )
   axes = [ax for ax in fig.axes if ax.axison]
   assert [ax.get_title() for ax in axes] == [
-      "Training accuracy", "Mean response length", "Gradient norm", "Policy entropy"]
+    "Training accuracy",
+    "Mean response length",
+    "Gradient norm",
+    "Policy entropy",
+  ]
   assert [ax.get_ylabel() for ax in axes[:2]] == ["fraction of responses correct", "tokens"]
   assert metrics.label("my_new_metric_x") == ("My new metric x", "")
   assert metrics.label("time_update") == ("Time per RL step: update", "seconds")
@@ -52,7 +69,7 @@ def test_a_series_equal_to_an_earlier_one_is_drawn_once():
   panels = _panels(metrics.metrics_figure(_rows(), runner.PLOT_KEYS))
   assert panels["Training accuracy"] == ["accuracy (= reward_mean)"]
   assert "Mean training reward" not in panels
-  shaped = [dict(r, reward_mean=r["accuracy"] - 0.1) for r in _rows()]   # a penalty term
+  shaped = [dict(r, reward_mean=r["accuracy"] - 0.1) for r in _rows()]  # a penalty term
   panels = _panels(metrics.metrics_figure(shaped, runner.PLOT_KEYS))
   assert panels["Training accuracy"] == ["accuracy"]
   assert panels["Mean training reward"] == ["reward_mean"]
@@ -75,20 +92,34 @@ def test_heldout_panel_has_before_during_and_after_rl_points():
 def test_svs_data_types_share_one_panel_with_a_legend():
   panels = _panels(metrics.metrics_figure(_rows(), svs.PLOT_KEYS))
   assert panels["Groups in the update by data type"] == [
-      "type 1: original problems", "type 2: problem synthesis", "type 3: synthetic problems"]
+    "type 1: original problems",
+    "type 2: problem synthesis",
+    "type 3: synthetic problems",
+  ]
 
 
 def test_make_tiny_prints_no_library_notices(tmp_path):
   """As on a machine without torch (transformers' advisory) and without JAX_PLATFORMS
   (jax probing the TPU backend): only the launcher's own line is printed."""
   out = str(tmp_path / "tiny")
-  hide_torch = ("import runpy, sys; sys.modules['torch'] = None; "
-                f"sys.argv = ['make_tiny', '--out={out}']; "
-                "runpy.run_module('launch.make_tiny', run_name='__main__')")
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("JAX_PLATFORMS", "TRANSFORMERS_NO_ADVISORY_WARNINGS")}
-  proc = subprocess.run([sys.executable, "-c", hide_torch], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  hide_torch = (
+    "import runpy, sys; sys.modules['torch'] = None; "
+    f"sys.argv = ['make_tiny', '--out={out}']; "
+    "runpy.run_module('launch.make_tiny', run_name='__main__')"
+  )
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("JAX_PLATFORMS", "TRANSFORMERS_NO_ADVISORY_WARNINGS")
+  }
+  proc = subprocess.run(
+    [sys.executable, "-c", hide_torch],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   text = proc.stdout + proc.stderr
   assert proc.returncode == 0, text
   assert "PyTorch was not found" not in text and "tpu" not in text.lower(), text

@@ -24,9 +24,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _solve_for_x(statement: str) -> list[int]:
   """Every x in 0..99 that satisfies "Solve <lhs>=<rhs> for x." (recomputed here)."""
-  lhs, rhs = statement[len("Solve "):-len(" for x.")].split("=")
-  return [x for x in range(100)
-          if arithmetic.answer_of(f"Compute {lhs.replace('x', str(x))}.") == rhs]
+  lhs, rhs = statement[len("Solve ") : -len(" for x.")].split("=")
+  return [
+    x for x in range(100) if arithmetic.answer_of(f"Compute {lhs.replace('x', str(x))}.") == rhs
+  ]
 
 
 def test_procedural_variants_have_exact_new_answers():
@@ -48,15 +49,18 @@ def test_procedural_variants_have_exact_new_answers():
   # Every operator applies to most seeds (O3 needs two operations: all of these have).
   assert all(n > 150 for n in made.values()), made
   # Deterministic, and the plan picks distinct operators.
-  assert variants.variant(seeds[0].problem, seeds[0].answer, "O2") == \
-      variants.variant(seeds[0].problem, seeds[0].answer, "O2")
+  assert variants.variant(seeds[0].problem, seeds[0].answer, "O2") == variants.variant(
+    seeds[0].problem, seeds[0].answer, "O2"
+  )
   plan = variants.plan(seeds[0].problem, 3, salt="1")
   assert len(set(plan)) == 3 and set(plan) <= set(variants.OPERATOR_IDS)
 
 
 def test_procedural_teacher_rows_carry_lineage_and_reasons():
-  seeds = [qbq.Variant(f"pool-{i}", "", "", p.problem, p.answer)
-           for i, p in enumerate(arithmetic.generate(20, seed=5, max_operand=9))]
+  seeds = [
+    qbq.Variant(f"pool-{i}", "", "", p.problem, p.answer)
+    for i, p in enumerate(arithmetic.generate(20, seed=5, max_operand=9))
+  ]
   rows = qbq_teachers.procedural_variants(seeds, 3, salt="0")
   assert len(rows) == 60
   for r in rows:
@@ -69,34 +73,44 @@ def test_llm_teacher_on_the_real_vllm_server_rejects_garbage_with_reasons(vllm_s
   """The tiny served model is no teacher: every plan falls back to the fixed order and
   every generation is rejected with a reason; nothing crashes."""
   from rlvr.sampling.assistant import Assistant
+
   teacher = Assistant(vllm_server.url, "policy", temperature=1.0, top_p=1.0, max_tokens=24)
-  seeds = [qbq.Variant("s0", "", "", "Compute 3+4*2.", "11"),
-           qbq.Variant("s1", "", "", "Compute 9-2-3.", "4")]
+  seeds = [
+    qbq.Variant("s0", "", "", "Compute 3+4*2.", "11"),
+    qbq.Variant("s1", "", "", "Compute 9-2-3.", "4"),
+  ]
   rows = qbq_teachers.llm_variants(seeds, teacher.complete, 3, integer_answers=True)
   teacher.close()
   assert len(rows) == 6 and teacher.requests >= 2 + 6
   assert {r["parent_id"] for r in rows} == {"s0", "s1"}
   assert all(r["reason"] != "accepted" for r in rows), rows
-  assert {r["reason"] for r in rows} <= {"missing tag", "abstained", "empty problem",
-                                         "empty answer", "answer is not an integer"}
+  assert {r["reason"] for r in rows} <= {
+    "missing tag",
+    "abstained",
+    "empty problem",
+    "empty answer",
+    "answer is not an integer",
+  }
 
 
 def test_reset_optimizer_equals_a_fresh_optimizer(one_device_learner, tiny_dirs):
   import jax
 
   from rlvr import learner, model, packing
+
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   state, update, to_batch = one_device_learner(cfg, params, 1e-3)
   arrays = packing.pack_rows([((1, 2, 3), (4, 5, 6), None)], 2, 16, 0)
   batch = to_batch(dict(arrays, advantages_b=np.array([1.0, 0.0], np.float32)))
   fresh = [np.asarray(a) for a in jax.tree.leaves(state.opt_state)]
-  stepped, _ = update(state, batch)      # donates `state`
+  stepped, _ = update(state, batch)  # donates `state`
   reset = learner.reset_optimizer(stepped)
   for a, b in zip(jax.tree.leaves(reset.opt_state), fresh, strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert any(np.any(np.asarray(a) != 0) for a in jax.tree.leaves(stepped.opt_state))
-  np.testing.assert_array_equal(np.asarray(jax.tree.leaves(reset.params)[0]),
-                                np.asarray(jax.tree.leaves(stepped.params)[0]))
+  np.testing.assert_array_equal(
+    np.asarray(jax.tree.leaves(reset.params)[0]), np.asarray(jax.tree.leaves(stepped.params)[0])
+  )
 
 
 def test_model_embeddings_are_mean_pooled_hidden_states_whatever_the_batch(tiny_dirs):
@@ -106,10 +120,11 @@ def test_model_embeddings_are_mean_pooled_hidden_states_whatever_the_batch(tiny_
   from rlvr import model
   from rlvr.model.embed import embedder
   from synthesis import diversity
+
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
   texts = ["Compute 3+4*2.", "Compute 12-5.", "Solve 3+x*2=11 for x."]
-  pooled = embedder(params, cfg, tok, batch=2)(texts)      # padded batches of 2, then 1
+  pooled = embedder(params, cfg, tok, batch=2)(texts)  # padded batches of 2, then 1
   for text, row in zip(texts, pooled):
     ids = jnp.asarray([tok.encode(text, add_special_tokens=False)])
     hidden = model.forward(params, ids, config=cfg, return_hidden=True)[0]
@@ -128,12 +143,26 @@ _ENV = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
 
 
 def _command(workdir, policy):
-  return [sys.executable, "-m", "launch.train", "--config=configs/tiny_qbq.py",
-          f"--workdir={workdir}", f"--config.model.path={policy}", "--config.sft.steps=0",
-          "--config.data.arithmetic.n_train=48", "--config.data.arithmetic.n_heldout=16",
-          "--config.qbq.k=4", "--config.qbq.select_n=4", "--config.qbq.steps_per_round=2",
-          "--config.rl.steps=4", "--config.eval.every=2", "--config.eval.sampling.n=2",
-          "--config.checkpoint.every=2", "--config.export_hf=False", "--config.reward_workers=1"]
+  return [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_qbq.py",
+    f"--workdir={workdir}",
+    f"--config.model.path={policy}",
+    "--config.sft.steps=0",
+    "--config.data.arithmetic.n_train=48",
+    "--config.data.arithmetic.n_heldout=16",
+    "--config.qbq.k=4",
+    "--config.qbq.select_n=4",
+    "--config.qbq.steps_per_round=2",
+    "--config.rl.steps=4",
+    "--config.eval.every=2",
+    "--config.eval.sampling.n=2",
+    "--config.checkpoint.every=2",
+    "--config.export_hf=False",
+    "--config.reward_workers=1",
+  ]
 
 
 def _rows(workdir):
@@ -147,8 +176,9 @@ _STAGES = ("seeds.jsonl", "variants.jsonl", "scored.jsonl", "selection.jsonl")
 def test_two_rounds_end_to_end_resume_after_a_kill_between_stages(arithmetic_policy, tmp_path):
   policy, _ = arithmetic_policy
   full = str(tmp_path / "full")
-  out = subprocess.run(_command(full, policy), cwd=REPO, env=_ENV, capture_output=True,
-                       text=True, timeout=900)
+  out = subprocess.run(
+    _command(full, policy), cwd=REPO, env=_ENV, capture_output=True, text=True, timeout=900
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   rows = _rows(full)
   assert [r["qbq_round"] for r in rows] == [0, 0, 1, 1]
@@ -170,8 +200,14 @@ def test_two_rounds_end_to_end_resume_after_a_kill_between_stages(arithmetic_pol
   # the same metrics as the uninterrupted run.
   cut = tmp_path / "cut"
   variants_file = cut / "qbq" / "round_01" / "variants.jsonl"
-  proc = subprocess.Popen(_command(str(cut), policy), cwd=REPO, env=_ENV,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    _command(str(cut), policy),
+    cwd=REPO,
+    env=_ENV,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   while proc.poll() is None and not variants_file.exists():
     time.sleep(0.005)
   proc.send_signal(signal.SIGKILL)
@@ -183,20 +219,27 @@ def test_two_rounds_end_to_end_resume_after_a_kill_between_stages(arithmetic_pol
   if (cut / "qbq" / "round_01" / "selection.jsonl").exists():
     print("note: the kill came after round 1's selection; resumed from complete stages")
   written = variants_file.stat().st_mtime_ns
-  out = subprocess.run(_command(str(cut), policy), cwd=REPO, env=_ENV, capture_output=True,
-                       text=True, timeout=900)
+  out = subprocess.run(
+    _command(str(cut), policy), cwd=REPO, env=_ENV, capture_output=True, text=True, timeout=900
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert "resumed qbq from step 2" in out.stdout
-  assert variants_file.stat().st_mtime_ns == written       # reused, not regenerated
+  assert variants_file.stat().st_mtime_ns == written  # reused, not regenerated
   for s in _STAGES:
-    assert (cut / "qbq" / "round_01" / s).read_text() == \
-        open(os.path.join(full, "qbq", "round_01", s)).read(), s
+    assert (cut / "qbq" / "round_01" / s).read_text() == open(
+      os.path.join(full, "qbq", "round_01", s)
+    ).read(), s
   resumed = _rows(str(cut))
   assert [r["step"] for r in resumed] == [0, 1, 2, 3]
   # Per-round diversity with the policy's embeddings (README command).
-  out = subprocess.run([sys.executable, "-m", "launch.qbq_diversity", f"--run={full}",
-                        f"--model={policy}"], cwd=REPO, env=_ENV, capture_output=True,
-                       text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-m", "launch.qbq_diversity", f"--run={full}", f"--model={policy}"],
+    cwd=REPO,
+    env=_ENV,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   report = json.load(open(os.path.join(full, "qbq", "diversity.json")))
   assert [r["round"] for r in report["rounds"]] == [0, 1]

@@ -15,7 +15,8 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   for block in blocks:
     namespace = {"__name__": "readme_block"}
-    exec(compile(block, "README.md", "exec"), namespace)   # noqa: S102 - our own README
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own README
   from transformers import AutoModelForCausalLM, AutoTokenizer
+
   AutoModelForCausalLM.from_pretrained("/tmp/copy")
   assert AutoTokenizer.from_pretrained("/tmp/copy").encode("1+2=3")

@@ -34,45 +34,55 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
-AIME = "data/math_aime_eval.jsonl"   # relative: the commands run from the repo root
+AIME = "data/math_aime_eval.jsonl"  # relative: the commands run from the repo root
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
 
 RUN_HERE = {
-    "python -m launch.train --config=configs/tiny.py --print_config":
-        "test_print_config_prints_the_resolved_config",
-    "python -m launch.make_tiny ": "test_make_tiny_writes_a_model",
-    "python -m launch.sft ": "test_sft_on_pairs_writes_a_model",
-    "python -m launch.evaluate --model=": "test_evaluate_a_model_on_the_shipped_eval_set",
-    "python -m launch.serve_vllm ": "test_serve_vllm_then_compose_against_it",
-    "python -m launch.compose ": "test_serve_vllm_then_compose_against_it",
-    "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make":
-        "test_train_with_the_readme_method_from_outside_the_library",
-    "python -m launch.train --config=configs/tiny_composition.py":
-        "test_composition_curriculum_at_embedded_scale",
+  "python -m launch.train --config=configs/tiny.py --print_config": "test_print_config_prints_the_resolved_config",
+  "python -m launch.make_tiny ": "test_make_tiny_writes_a_model",
+  "python -m launch.sft ": "test_sft_on_pairs_writes_a_model",
+  "python -m launch.evaluate --model=": "test_evaluate_a_model_on_the_shipped_eval_set",
+  "python -m launch.serve_vllm ": "test_serve_vllm_then_compose_against_it",
+  "python -m launch.compose ": "test_serve_vllm_then_compose_against_it",
+  "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make": "test_train_with_the_readme_method_from_outside_the_library",
+  "python -m launch.train --config=configs/tiny_composition.py": "test_composition_curriculum_at_embedded_scale",
 }
 # The README's main command and `evaluate --run`: the embedded default end to end (SFT,
 # eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
 _EMBEDDED = "tests/test_embedded_default.py::test_embedded_default_runs_end_to_end"
-COVERED_ELSEWHERE = {   # prefix -> (where, texts of that test file that run the command)
-    "python -m launch.train --config=configs/tiny.py [--workdir=DIR] [--config.rl.steps=N]":
-        (_EMBEDDED, ('"launch.train", "--config=configs/tiny.py"', 'f"--workdir={workdir}"',
-                     '"--config.rl.steps=3"')),
-    ".venv/bin/python -m launch.train --config=configs/tiny.py":
-        (_EMBEDDED, ('"launch.train", "--config=configs/tiny.py"',)),
-    "python -m launch.evaluate --run=":
-        (_EMBEDDED, ('"launch.evaluate", f"--run={workdir}"',)),
-    # needs a finished QbQ run (an SFT'd policy, two rounds); that run skips the HF export,
-    # so it passes --model: the README's default (<run>/policy) is not what it runs
-    "python -m launch.qbq_diversity --run=":
-        ("tests/test_qbq_loop.py::test_two_rounds_end_to_end_resume_after_a_kill_between_stages",
-         ('"launch.qbq_diversity", f"--run={full}"',)),
+COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the command)
+  "python -m launch.train --config=configs/tiny.py [--workdir=DIR] [--config.rl.steps=N]": (
+    _EMBEDDED,
+    (
+      '"launch.train", "--config=configs/tiny.py"',
+      'f"--workdir={workdir}"',
+      '"--config.rl.steps=3"',
+    ),
+  ),
+  ".venv/bin/python -m launch.train --config=configs/tiny.py": (
+    _EMBEDDED,
+    ('"launch.train", "--config=configs/tiny.py"',),
+  ),
+  "python -m launch.evaluate --run=": (_EMBEDDED, ('"launch.evaluate", f"--run={workdir}"',)),
+  # needs a finished QbQ run (an SFT'd policy, two rounds); that run skips the HF export,
+  # so it passes --model: the README's default (<run>/policy) is not what it runs
+  # every paper config through configs/cpu.py, in process (runner.run), on an SFT'd model
+  "python -m launch.train --config=configs/cpu.py:": (
+    "tests/test_scale_down.py::test_a_paper_config_scaled_down_runs_two_steps",
+    ("cpu.get_config(name)", "runner.run(c)"),
+  ),
+  "python -m launch.qbq_diversity --run=": (
+    "tests/test_qbq_loop.py::test_two_rounds_end_to_end_resume_after_a_kill_between_stages",
+    ('"launch.qbq_diversity", f"--run={full}"',),
+  ),
 }
 NOT_RUN = {
-    "bash scripts/setup.sh": "the installer: it builds the .venv and .venvs/vllm this suite "
-                             "runs in (needs the package index)",
-    ".venv/bin/python -m pytest": "the test suite itself",
+  "bash scripts/setup.sh": "the installer: it builds the .venv and .venvs/vllm this suite "
+  "runs in (needs the package index); tests/test_fresh_clone.py "
+  "runs the plain form in a clean clone",
+  ".venv/bin/python -m pytest": "the test suite itself",
 }
-CLUSTER_ONLY = ("srun", "gcloud")   # SLURM GPU nodes, a TPU pod slice
+CLUSTER_ONLY = ("srun", "gcloud")  # SLURM GPU nodes, a TPU pod slice
 
 
 # ------------------------------------------------------------------ reading the README
@@ -89,15 +99,18 @@ def readme_commands() -> list[str]:
   for block in re.findall(r"```bash\n(.*?)```", text, re.S):
     logical = ""
     for line in block.splitlines():
-      line = re.sub(r"(^|\s)#.*$", "", line).strip()   # the README quotes no `#`
+      line = re.sub(r"(^|\s)#.*$", "", line).strip()  # the README quotes no `#`
       logical += " " + line
       if logical.endswith("\\"):
         logical = logical[:-1]
         continue
       logical = " ".join(logical.split()).rstrip("&").strip()
       if logical:
-        commands += ([logical] if logical.split()[0] in CLUSTER_ONLY
-                     else [c.strip() for c in logical.split("&&")])
+        commands += (
+          [logical]
+          if logical.split()[0] in CLUSTER_ONLY
+          else [c.strip() for c in logical.split("&&")]
+        )
       logical = ""
     assert not logical.strip(), f"README bash block ends inside a command: {logical}"
   prose = re.sub(r"```.*?```", "", text, flags=re.S)
@@ -109,8 +122,12 @@ def _classify(command: str):
   if command.split()[0] in CLUSTER_ONLY:
     return [("cluster", command.split()[0])]
   tables = (("here", RUN_HERE), ("elsewhere", COVERED_ELSEWHERE), ("not run", NOT_RUN))
-  return [(kind, prefix) for kind, table in tables for prefix in table
-          if command == prefix.strip() or command.startswith(prefix)]
+  return [
+    (kind, prefix)
+    for kind, table in tables
+    for prefix in table
+    if command == prefix.strip() or command.startswith(prefix)
+  ]
 
 
 def readme(prefix: str) -> list[str]:
@@ -140,8 +157,9 @@ def argv(command: str, subs: dict[str, str] | None = None, extra=()) -> list[str
 
 def run(cmd, timeout=600, env=None):
   t0 = time.time()
-  out = subprocess.run(cmd, cwd=REPO, env=env or ENV, capture_output=True, text=True,
-                       timeout=timeout)
+  out = subprocess.run(
+    cmd, cwd=REPO, env=env or ENV, capture_output=True, text=True, timeout=timeout
+  )
   print(f"\n$ {' '.join(cmd[1:])}\n  ({time.time() - t0:.1f}s, exit {out.returncode})")
   assert out.returncode == 0, f"{cmd}\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
   return out
@@ -153,8 +171,10 @@ def test_every_readme_command_is_covered():
   assert len(commands) >= 15, commands
   unknown = [c for c in commands if not _classify(c)]
   ambiguous = [(c, _classify(c)) for c in commands if len(_classify(c)) > 1]
-  assert not unknown, ("README commands that no test runs: run them here (RUN_HERE) or name "
-                       f"the test that does (COVERED_ELSEWHERE): {unknown}")
+  assert not unknown, (
+    "README commands that no test runs: run them here (RUN_HERE) or name "
+    f"the test that does (COVERED_ELSEWHERE): {unknown}"
+  )
   assert not ambiguous, ambiguous
   # Every table entry still matches a README command, and names a test that exists.
   for table in (RUN_HERE, COVERED_ELSEWHERE, NOT_RUN):
@@ -167,11 +187,12 @@ def test_every_readme_command_is_covered():
     with open(os.path.join(REPO, path)) as f:
       source = f.read()
     assert f"def {test}(" in source, where
+    flat = " ".join(source.split())  # the formatter may wrap a call over several lines
     for text in texts:
-      assert text in source, (where, text)
+      assert text in flat, (where, text)
   kinds = {k for c in commands for k, _ in _classify(c)}
   assert kinds == {"here", "elsewhere", "not run", "cluster"}, kinds
-  for c in commands:   # the coverage table, with -s
+  for c in commands:  # the coverage table, with -s
     [(kind, key)] = _classify(c)
     where = {"here": RUN_HERE, "elsewhere": COVERED_ELSEWHERE, "not run": NOT_RUN}.get(kind)
     target = where[key] if where else "cluster-only"
@@ -183,10 +204,10 @@ def _launch_argvs(command: str) -> list[list[str]]:
   quoted `--command="..."`."""
   found, tokens = [], shlex.split(command)
   for i, tok in enumerate(tokens):
-    if "python -m launch." in tok:   # a quoted inner command line
+    if "python -m launch." in tok:  # a quoted inner command line
       found += _launch_argvs(tok.split("=", 1)[1] if tok.startswith("--") else tok)
-    elif tok.endswith("python") and tokens[i + 1:i + 2] == ["-m"]:
-      rest = tokens[i + 2:]
+    elif tok.endswith("python") and tokens[i + 1 : i + 2] == ["-m"]:
+      rest = tokens[i + 2 :]
       stop = next((j for j, t in enumerate(rest) if t in ("&", "&&", ";", "|")), len(rest))
       found.append(rest[:stop])
   return found
@@ -209,8 +230,10 @@ def test_cluster_commands_resolve_their_flags():
           assert value in out.stdout, (flag, out.stdout[-3000:])
       assert "coordinator: auto" in out.stdout
     else:
-      code = ("import sys; from launch import serve_vllm as s; s.FLAGS(sys.argv); "
-              "print(s.FLAGS.device, s.FLAGS.host, s.FLAGS.port, bool(s.FLAGS.api_key))")
+      code = (
+        "import sys; from launch import serve_vllm as s; s.FLAGS(sys.argv); "
+        "print(s.FLAGS.device, s.FLAGS.host, s.FLAGS.port, bool(s.FLAGS.api_key))"
+      )
       out = run([sys.executable, "-c", code, *args[1:]])
       assert out.stdout.split() == ["gpu", "0.0.0.0", "8000", "True"], out.stdout
 
@@ -220,8 +243,13 @@ def test_print_config_prints_the_resolved_config():
   [command] = readme("python -m launch.train --config=configs/tiny.py --print_config")
   out = run(argv(command), timeout=300)
   # tiny.py's own settings over base.py's, one of them from tiny_rlvr.py it extends
-  for line in ("workdir: workdir/tiny", "method: svs", "template: arithmetic",
-               "max_prompt_len: 64", "kind: arithmetic"):
+  for line in (
+    "workdir: workdir/tiny",
+    "method: svs",
+    "template: arithmetic",
+    "max_prompt_len: 64",
+    "kind: arithmetic",
+  ):
     assert line in out.stdout, line
 
 
@@ -249,17 +277,29 @@ def test_sft_on_pairs_writes_a_model(made_tiny, tmp_path):
   commands = readme("python -m launch.sft ")
   assert len(commands) == 2, commands
   pairs = tmp_path / "pairs.jsonl"
-  with open(pairs, "w") as f:   # launch.sft's default fields: prompt, completion
+  with open(pairs, "w") as f:  # launch.sft's default fields: prompt, completion
     for a in range(8):
-      f.write(json.dumps({"prompt": f"Compute {a}+{a + 1}.",
-                          "completion": f"{a}+{a + 1}={2 * a + 1}. \\boxed{{{2 * a + 1}}}"})
-              + "\n")
+      f.write(
+        json.dumps(
+          {
+            "prompt": f"Compute {a}+{a + 1}.",
+            "completion": f"{a}+{a + 1}={2 * a + 1}. \\boxed{{{2 * a + 1}}}",
+          }
+        )
+        + "\n"
+      )
   from transformers import AutoConfig
+
   for i, command in enumerate(commands):
     data = next(t for t in shlex.split(command) if t.startswith("--data="))
     workdir = tmp_path / f"sft{i}"
-    out = run(argv(command, {"--model=DIR": f"--model={made_tiny[0]}", data: f"--data={pairs}"},
-                   ["--steps=3", "--batch_size=4", f"--workdir={workdir}"]))
+    out = run(
+      argv(
+        command,
+        {"--model=DIR": f"--model={made_tiny[0]}", data: f"--data={pairs}"},
+        ["--steps=3", "--batch_size=4", f"--workdir={workdir}"],
+      )
+    )
     assert f"SFT model written to {workdir / 'model'}" in out.stdout
     rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     # --epochs (M0's 3 passes over 8 pairs in batches of 4) takes over from --steps
@@ -271,16 +311,21 @@ def test_sft_on_pairs_writes_a_model(made_tiny, tmp_path):
 
 def test_evaluate_a_model_on_the_shipped_eval_set(made_tiny, tmp_path, check_samples):
   [command] = readme("python -m launch.evaluate --model=")
-  out = run(argv(command, {"--model=DIR": f"--model={made_tiny[0]}"},
-                 ["--limit=2", "--max_tokens=8", "--reward_workers=1",
-                  f"--workdir={tmp_path}"]))
+  out = run(
+    argv(
+      command,
+      {"--model=DIR": f"--model={made_tiny[0]}"},
+      ["--limit=2", "--max_tokens=8", "--reward_workers=1", f"--workdir={tmp_path}"],
+    )
+  )
   report = json.loads((tmp_path / "eval.json").read_text())["math_aime_eval"]
   assert (report["problems"], report["n"], report["seeds"]) == (2, 8, [0, 1, 2])
   rows = check_samples(tmp_path / "samples_math_aime_eval.jsonl", report)
   with open(os.path.join(REPO, AIME)) as f:
     shipped = [json.loads(next(f)) for _ in range(2)]
   assert [(r["problem"], r["answer"]) for r in rows[:2]] == [
-      (e["question"], e["ref_answer"]) for e in shipped]
+    (e["question"], e["ref_answer"]) for e in shipped
+  ]
   assert all(0 < x["tokens"] <= 8 for r in rows for x in r["responses"])
   assert all(0.0 <= m <= 1.0 for m in report["pass@k"]["8"])
   assert "| math_aime_eval |" in out.stdout
@@ -300,14 +345,17 @@ def test_serve_vllm_then_compose_against_it(made_tiny, tmp_path):
   session fixture's: launch.serve_vllm's own flags, readiness line and signal handling are
   what this checks, which `rlvr.sampling.vllm_server.start_server` alone does not."""
   from rlvr.sampling.vllm_server import free_port
+
   [serve] = readme("python -m launch.serve_vllm ")
   log = tmp_path / "serve.log"
-  cmd = argv(serve, {"--model=DIR": f"--model={made_tiny[0]}",
-                     "--port=8000": f"--port={free_port()}"})
+  cmd = argv(
+    serve, {"--model=DIR": f"--model={made_tiny[0]}", "--port=8000": f"--port={free_port()}"}
+  )
   t0 = time.time()
   with open(log, "w") as f:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+      cmd, cwd=REPO, env=ENV, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
   try:
     ready = None
     while ready is None and proc.poll() is None and time.time() - t0 < 600:
@@ -321,20 +369,29 @@ def test_serve_vllm_then_compose_against_it(made_tiny, tmp_path):
     # The Composition-RL section's command reads a parquet file: 30 rows of the shipped set.
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     rows = [json.loads(l) for l in open(os.path.join(REPO, AIME))][:30]
     parquet = tmp_path / "math12k.parquet"
     pq.write_table(pa.Table.from_pylist(rows), parquet)
-    subs = {"--source=FILE": f"--source={AIME}", "--source=math12k.parquet":
-            f"--source={parquet}", "--n=N": "--n=2", "--n=1000": "--n=2",
-            "--out=OUT.jsonl": f"--out={tmp_path / 'out.jsonl'}",
-            "--out=d2.jsonl": f"--out={tmp_path / 'd2.jsonl'}", "--url=URL": f"--url={url}",
-            "--url=http://localhost:8000": f"--url={url}",
-            "--model=Qwen2.5-32B-Instruct": "--model=policy"}   # the served name
+    subs = {
+      "--source=FILE": f"--source={AIME}",
+      "--source=math12k.parquet": f"--source={parquet}",
+      "--n=N": "--n=2",
+      "--n=1000": "--n=2",
+      "--out=OUT.jsonl": f"--out={tmp_path / 'out.jsonl'}",
+      "--out=d2.jsonl": f"--out={tmp_path / 'd2.jsonl'}",
+      "--url=URL": f"--url={url}",
+      "--url=http://localhost:8000": f"--url={url}",
+      "--model=Qwen2.5-32B-Instruct": "--model=policy",
+    }  # the served name
     composes = readme("python -m launch.compose ")
     assert len(composes) == 2, composes
     for command in composes:
-      cmd = argv(command, {k: v for k, v in subs.items() if k in shlex.split(command)},
-                 ["--max_tokens=48", "--concurrency=2"])
+      cmd = argv(
+        command,
+        {k: v for k, v in subs.items() if k in shlex.split(command)},
+        ["--max_tokens=48", "--concurrency=2"],
+      )
       out = run(cmd)
       target = next(t.split("=", 1)[1] for t in cmd if t.startswith("--out="))
       with open(target + ".report.json") as f:
@@ -358,26 +415,37 @@ def test_serve_vllm_then_compose_against_it(made_tiny, tmp_path):
 
 def _small_run(*flags):
   """Flags that scale an arithmetic-task config down to a seconds-long run."""
-  return ["--config.sft.steps=0", "--config.data.arithmetic.n_sft=4",
-          "--config.data.arithmetic.n_train=16", "--config.data.arithmetic.n_heldout=4",
-          "--config.eval.sampling.n=2", "--config.rl.loop.prompts_per_step=4",
-          "--config.rl.loop.dynamic_sampling=False", "--config.rl.loop.max_response_len=16",
-          "--config.eval.sampling.max_tokens=16", "--config.export_hf=False",
-          "--config.reward_workers=1", *flags]
+  return [
+    "--config.sft.steps=0",
+    "--config.data.arithmetic.n_sft=4",
+    "--config.data.arithmetic.n_train=16",
+    "--config.data.arithmetic.n_heldout=4",
+    "--config.eval.sampling.n=2",
+    "--config.rl.loop.prompts_per_step=4",
+    "--config.rl.loop.dynamic_sampling=False",
+    "--config.rl.loop.max_response_len=16",
+    "--config.eval.sampling.max_tokens=16",
+    "--config.export_hf=False",
+    "--config.reward_workers=1",
+    *flags,
+  ]
 
 
 @pytest.mark.slow
 def test_train_with_the_readme_method_from_outside_the_library(tmp_path):
   """The README's my_methods.py block, saved as printed and put on PYTHONPATH."""
-  [command] = readme("python -m launch.train --config=configs/tiny_rlvr.py "
-                     "--config.method=my_methods:make")
-  [block] = [b for b in re.findall(r"```python\n(.*?)```", _readme(), re.S)
-             if b.startswith("# my_methods.py")]
+  [command] = readme(
+    "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make"
+  )
+  [block] = [
+    b
+    for b in re.findall(r"```python\n(.*?)```", _readme(), re.S)
+    if b.startswith("# my_methods.py")
+  ]
   (tmp_path / "my_methods.py").write_text(block)
   workdir = tmp_path / "run"
   env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
-  run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]),
-      env=env)
+  run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]), env=env)
   summary = json.loads((workdir / "summary.json").read_text())
   assert (summary["method"], summary["steps"]) == ("twice", 1)
   [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -389,8 +457,15 @@ def test_composition_curriculum_at_embedded_scale(tmp_path):
   """Inline in the Composition-RL section; one step per depth stage."""
   [command] = readme("python -m launch.train --config=configs/tiny_composition.py")
   workdir = tmp_path / "run"
-  run(argv(command, extra=[f"--workdir={workdir}", *_small_run(
-      "--config.rl.steps=2", "--config.composition.max_steps=1")]))
+  run(
+    argv(
+      command,
+      extra=[
+        f"--workdir={workdir}",
+        *_small_run("--config.rl.steps=2", "--config.composition.max_steps=1"),
+      ],
+    )
+  )
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["method"] == "composition" and summary["depth_per_step"] == [1, 2]
   for phase in ("eval_before_rl", "eval_after_rl"):

@@ -11,9 +11,11 @@ import pytest
 from rlvr import metrics, runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAPER = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "configs"))
-               if f.startswith(("rlvr_", "svs_", "composition_", "qbq_"))
-               and f != "svs_ablations.py")
+PAPER = sorted(
+  f[:-3]
+  for f in os.listdir(os.path.join(REPO, "configs"))
+  if f.startswith(("rlvr_", "svs_", "composition_", "qbq_")) and f != "svs_ablations.py"
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +23,17 @@ def data_files(tmp_path_factory):
   """Train and eval files a user could have written: arithmetic problems of depth 1 and 2
   (Composition-RL's `composed-d<K>` sources), one JSON object a line."""
   from rlvr.tasks import composed
+
   root = tmp_path_factory.mktemp("data")
   paths = {}
   for split, n in (("train", 64), ("heldout", 8)):
     rows = []
     for depth in (1, 2):
       train, held = composed.make_composed_splits(n, n, depth, seed=1)
-      rows += [{"problem": p.problem, "answer": p.answer, "data_source": f"composed-d{depth}"}
-               for p in (train if split == "train" else held)]
+      rows += [
+        {"problem": p.problem, "answer": p.answer, "data_source": f"composed-d{depth}"}
+        for p in (train if split == "train" else held)
+      ]
     paths[split] = str(root / f"{split}.jsonl")
     with open(paths[split], "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -38,6 +43,7 @@ def data_files(tmp_path_factory):
 @pytest.mark.parametrize("name", PAPER)
 def test_a_paper_config_scaled_down_runs_two_steps(name, arithmetic_policy, data_files, tmp_path):
   from configs import cpu
+
   policy_dir, _ = arithmetic_policy
   c = cpu.get_config(name)
   assert c.rl.steps == 2 and c.sampler.kind == "jax" and c.mesh.fsdp == -1
@@ -45,12 +51,12 @@ def test_a_paper_config_scaled_down_runs_two_steps(name, arithmetic_policy, data
   c.model.path = policy_dir
   c.data.train_path, c.data.extra_train_paths = data_files["train"], []
   c.data.eval_paths = [data_files["heldout"]]
-  c.data.instruction = ""                 # the SFT'd policy's prompt format
+  c.data.instruction = ""  # the SFT'd policy's prompt format
   c.reward.integer_answers = True
   c.composition.depths = (1, 2)
   c.qbq.integer_answers = True
-  c.qbq.teacher = "procedural"            # exact variants of "Compute ..." problems
-  c.qbq.seed_band = "mixed"               # the small policy seldom solves 2 of 4
+  c.qbq.teacher = "procedural"  # exact variants of "Compute ..." problems
+  c.qbq.seed_band = "mixed"  # the small policy seldom solves 2 of 4
   summary = runner.run(c)
   rows = metrics.read_jsonl(os.path.join(c.workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1]

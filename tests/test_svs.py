@@ -12,14 +12,14 @@ G = 8
 ACCS = {k: k / G for k in (0, 1, 4, 5, 6, 8)}
 
 
-@pytest.mark.parametrize("k,expected", [(0, False), (1, True), (4, True), (5, False),
-                                        (6, False), (8, False)])
+@pytest.mark.parametrize(
+  "k,expected", [(0, False), (1, True), (4, True), (5, False), (6, False), (8, False)]
+)
 def test_underperforming_band(k, expected):
   assert svs.underperforming(ACCS[k]) is expected
 
 
-@pytest.mark.parametrize("k,expected", [(0, 0.0), (1, 1.0), (4, 1.0), (5, 1.0), (6, 0.0),
-                                        (8, 0.0)])
+@pytest.mark.parametrize("k,expected", [(0, 0.0), (1, 1.0), (4, 1.0), (5, 1.0), (6, 0.0), (8, 0.0)])
 def test_synthesis_reward_band(k, expected):
   assert svs.synthesis_reward(ACCS[k]) == expected
 
@@ -31,8 +31,17 @@ def test_naive_reward_rewards_any_solve(k, expected):
 
 def test_asp_band():
   cfg = svs.SvSConfig(under_lo=0.375, under_hi=0.75)
-  assert [svs.underperforming(k / 8, cfg.under_lo, cfg.under_hi) for k in range(9)] == \
-      [False, False, False, True, True, True, True, False, False]
+  assert [svs.underperforming(k / 8, cfg.under_lo, cfg.under_hi) for k in range(9)] == [
+    False,
+    False,
+    False,
+    True,
+    True,
+    True,
+    True,
+    False,
+    False,
+  ]
 
 
 def test_synthesis_prompt_shows_the_solution_and_asks_for_a_text_fence():
@@ -41,17 +50,22 @@ def test_synthesis_prompt_shows_the_solution_and_asks_for_a_text_fence():
   assert "```text" in p
 
 
-@pytest.mark.parametrize("text,expected", [
+@pytest.mark.parametrize(
+  "text,expected",
+  [
     ("Topic: sums.\n```text\nWhat is 2+3?\n```", "What is 2+3?"),
-    ("<think>draft ```text\nnot this\n```</think>Final:\n```text\nCompute 7*6.\n```",
-     "Compute 7*6."),
+    (
+      "<think>draft ```text\nnot this\n```</think>Final:\n```text\nCompute 7*6.\n```",
+      "Compute 7*6.",
+    ),
     ("no fence here", None),
     ("```\nPlain fence problem.\n```\n```text\nText fence wins.\n```", "Text fence wins."),
     ("```markdown\nFirst plain fence.\n```\n```python\nsecond\n```", "First plain fence."),
     ("<think>```text\nonly inside thinking\n```</think>nothing after", None),
     ("```text\n\n```", None),
     ("```text\n" + "x" * 5000 + "\n```", None),
-])
+  ],
+)
 def test_extract_problem(text, expected):
   assert svs.extract_problem(text) == expected
 
@@ -64,8 +78,12 @@ def test_synthesis_groups_need_mixed_rewards():
   assert svs.synthesis_rewards([None] * 8, cfg, rng) is None
   rewards = svs.synthesis_rewards([0.25, 1.0, None, 0.0, 0.625, 0.75, 0.125, 0.5], cfg, rng)
   assert rewards == (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0)
-  assert [svs.rejection_reason(a, cfg) for a in (None, 0.0, 0.25, 0.75)] == \
-      ["unparseable", "too_hard", "accepted", "too_easy"]
+  assert [svs.rejection_reason(a, cfg) for a in (None, 0.0, 0.25, 0.75)] == [
+    "unparseable",
+    "too_hard",
+    "accepted",
+    "too_easy",
+  ]
 
 
 def test_type2_keep_ratio_subsamples():

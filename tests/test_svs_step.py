@@ -32,8 +32,15 @@ def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cf
   """One rl_step of the SvS method over `prompts` (drawn in a seeded shuffle)."""
   state, update, to_batch = make_learner(cfg, params, lr)
   enc = lambda text: format_prompt(tok, text, "")
-  env = loop.StepEnv(sampler, score_fn, rl=rl, pad_id=tok.pad_token_id, encode=enc,
-                     encode_task=enc, **kw.pop("env", {}))
+  env = loop.StepEnv(
+    sampler,
+    score_fn,
+    rl=rl,
+    pad_id=tok.pad_token_id,
+    encode=enc,
+    encode_task=enc,
+    **kw.pop("env", {}),
+  )
   method = svs_method.SvS(prompts, 0, svs_cfg, **kw)
   return loop.rl_step(state, update, method, env, 0, to_batch)
 
@@ -44,15 +51,26 @@ def _run(make_learner, sampler, cfg, params, tok):
 
 
 def test_authors_loop_samples_originals_once_and_drops_too_long_synthesis_prompts(
-    tiny_dirs, one_device_learner):
+  tiny_dirs, one_device_learner
+):
   """refill_originals=False: exactly prompts_per_step originals, one round; synthesis
   prompts longer than max_prompt_len are dropped and counted, never cut."""
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
   prompts = [loop.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
   short = dataclasses.replace(RL, max_prompt_len=16)
-  state, m = _step(one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok, prompts,
-                   one_in_three, short, dataclasses.replace(SVS, refill_originals=False), 1e-3)
+  state, m = _step(
+    one_device_learner,
+    JaxSampler(cfg, params, tok),
+    cfg,
+    params,
+    tok,
+    prompts,
+    one_in_three,
+    short,
+    dataclasses.replace(SVS, refill_originals=False),
+    1e-3,
+  )
   assert m["prompts_sampled"] == short.prompts_per_step and m["sample_rounds"] == 1
   assert m["svs_underperforming"] >= 1
   assert m["svs_synthesis_too_long"] >= 1 and m["svs_syntheses"] == 0
@@ -69,8 +87,10 @@ def test_default_synthesis_prompt_does_not_ask_to_hide_the_answer():
 def _check(state, m, svs_cfg=SVS):
   assert int(state.step) == 1 or m["skipped_update"] == 1
   assert m["svs_syntheses"] == m["svs_correct_solutions"] * svs_cfg.syntheses_per_solution
-  assert (m["svs_accepted"] + m["svs_too_easy"] + m["svs_too_hard"] + m["svs_unparseable"]
-          == m["svs_syntheses"])
+  assert (
+    m["svs_accepted"] + m["svs_too_easy"] + m["svs_too_hard"] + m["svs_unparseable"]
+    == m["svs_syntheses"]
+  )
   assert m["svs_unparseable"] == m["svs_extraction_failures"] + m["svs_synthetic_too_long"]
   assert m["svs_underperforming"] >= 1 and m["svs_correct_solutions"] >= 1
   assert m["type1_groups"] >= 1
@@ -85,10 +105,15 @@ def test_svs_step_with_jax_sampler_survives_garbage_syntheses(tiny_dirs, one_dev
 
 def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path, one_device_learner):
   from rlvr.sampling.vllm_sampler import VLLMSampler
+
   cfg, params = model.load_hf(served_model_dir)
   tok = AutoTokenizer.from_pretrained(served_model_dir)
-  sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=tok.eos_token_id,
-                        sync_dir=str(tmp_path / "sync"))
+  sampler = VLLMSampler(
+    vllm_server.url,
+    model_config=cfg,
+    eos_token_id=tok.eos_token_id,
+    sync_dir=str(tmp_path / "sync"),
+  )
   try:
     state, m = _run(one_device_learner, sampler, cfg, params, tok)
     _check(state, m)
@@ -98,16 +123,29 @@ def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path, one
     sampler.close()
 
 
-ARITH_RL = loop.RLConfig(prompts_per_step=32, group_size=8, max_prompt_len=64,
-                         max_response_len=40, seed=3)
-ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)   # the paper's G_v
+ARITH_RL = loop.RLConfig(
+  prompts_per_step=32, group_size=8, max_prompt_len=64, max_response_len=40, seed=3
+)
+ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)  # the paper's G_v
 
 
 def _arithmetic_step(make_learner, sampler, cfg, params, tok, problems, score_fn):
   enc = lambda text: format_prompt(tok, text, "")
   prompts = [loop.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems]
-  return _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, ARITH_RL, ARITH_SVS,
-               1e-4, template=arithmetic.INVERSE_TEMPLATE, env={"answer_of": arithmetic.answer_of})
+  return _step(
+    make_learner,
+    sampler,
+    cfg,
+    params,
+    tok,
+    prompts,
+    score_fn,
+    ARITH_RL,
+    ARITH_SVS,
+    1e-4,
+    template=arithmetic.INVERSE_TEMPLATE,
+    env={"answer_of": arithmetic.answer_of},
+  )
 
 
 def _check_all_types(state, m):
@@ -120,20 +158,22 @@ def _check_all_types(state, m):
   assert 0 <= m["svs_accepted_consistent"] <= min(m["svs_accepted"], m["svs_consistent"])
 
 
-def test_svs_step_with_jax_sampler_builds_all_three_types(arithmetic_policy, arithmetic_score,
-                                                          one_device_learner):
+def test_svs_step_with_jax_sampler_builds_all_three_types(
+  arithmetic_policy, arithmetic_score, one_device_learner
+):
   policy_dir, problems = arithmetic_policy
   cfg, params = model.load_hf(policy_dir)
   tok = AutoTokenizer.from_pretrained(policy_dir)
   calls = []
 
-  def recording_score(texts, golds):   # the real scorer; records what it was asked
+  def recording_score(texts, golds):  # the real scorer; records what it was asked
     rewards, correct = arithmetic_score(texts, golds)
     calls.append((list(golds), np.asarray(correct)))
     return rewards, correct
 
-  state, m = _arithmetic_step(one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok,
-                              problems, recording_score)
+  state, m = _arithmetic_step(
+    one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok, problems, recording_score
+  )
   _check_all_types(state, m)
   # Scoring calls: the originals (one per dynamic-sampling round), then the synthetic
   # problems, whose responses are scored against the answer of the ORIGINAL problem each
@@ -149,24 +189,34 @@ def test_svs_step_with_jax_sampler_builds_all_three_types(arithmetic_policy, ari
   assert set(syn_golds) <= under_answers
 
 
-def test_svs_step_with_vllm_sampler_builds_all_three_types(arithmetic_policy, arithmetic_score,
-                                                           vllm_server, one_device_learner,
-                                                           served_model_dir, tmp_path):
+def test_svs_step_with_vllm_sampler_builds_all_three_types(
+  arithmetic_policy, arithmetic_score, vllm_server, one_device_learner, served_model_dir, tmp_path
+):
   from rlvr.sampling.vllm_sampler import VLLMSampler
+
   policy_dir, problems = arithmetic_policy
   cfg, params = model.load_hf(policy_dir)
   tok = AutoTokenizer.from_pretrained(policy_dir)
-  sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=tok.eos_token_id,
-                        sync_dir=str(tmp_path / "sync"))
+  sampler = VLLMSampler(
+    vllm_server.url,
+    model_config=cfg,
+    eos_token_id=tok.eos_token_id,
+    sync_dir=str(tmp_path / "sync"),
+  )
   try:
-    sampler.update_weights(params, version=0)   # the server now serves the SFT policy
-    state, m = _arithmetic_step(one_device_learner, sampler, cfg, params, tok, problems,
-                                arithmetic_score)
+    sampler.update_weights(params, version=0)  # the server now serves the SFT policy
+    state, m = _arithmetic_step(
+      one_device_learner, sampler, cfg, params, tok, problems, arithmetic_score
+    )
     _check_all_types(state, m)
-  finally:   # leave the shared server serving its own (untied) model again
+  finally:  # leave the shared server serving its own (untied) model again
     sampler.close()
     served_cfg, served = model.load_hf(served_model_dir)
-    restore = VLLMSampler(vllm_server.url, model_config=served_cfg,
-                          eos_token_id=tok.eos_token_id, sync_dir=str(tmp_path / "sync"))
+    restore = VLLMSampler(
+      vllm_server.url,
+      model_config=served_cfg,
+      eos_token_id=tok.eos_token_id,
+      sync_dir=str(tmp_path / "sync"),
+    )
     restore.update_weights(served, version=3)
     restore.close()

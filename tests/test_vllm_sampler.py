@@ -45,7 +45,7 @@ def _logits_fn(cfg):
 def _penalized_last_logits(params, cfg, seq, penalty):
   """Our f32 next-token logits after `seq`, with vLLM's repetition penalty on seq's ids."""
   padded = np.zeros((1, _WIDTH), np.int32)
-  padded[0, :len(seq)] = seq
+  padded[0, : len(seq)] = seq
   z = np.array(_logits_fn(cfg)(params, jnp.asarray(padded)))[len(seq) - 1]  # writable
   ids = np.asarray(sorted(set(seq)))
   x = z[ids]
@@ -56,7 +56,7 @@ def _penalized_last_logits(params, cfg, seq, penalty):
 def _our_logprobs(params, cfg, prompt, completion):
   seq = list(prompt) + list(completion)
   padded = np.zeros((1, _WIDTH), np.int32)
-  padded[0, :len(seq)] = seq
+  padded[0, : len(seq)] = seq
   logp = np.asarray(_logprob_fn(cfg)(params, jnp.asarray(padded)))
   pos = np.arange(len(prompt) - 1, len(seq) - 1)
   return logp[pos, list(completion)]
@@ -65,9 +65,13 @@ def _our_logprobs(params, cfg, prompt, completion):
 @pytest.fixture(scope="module")
 def client(vllm_server, served_model_dir, tmp_path_factory):
   cfg, params = model.load_hf(served_model_dir)
-  sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
-                        sync_dir=str(tmp_path_factory.mktemp("sync")),
-                        model_name=vllm_server.options.served_model_name)
+  sampler = VLLMSampler(
+    vllm_server.url,
+    model_config=cfg,
+    eos_token_id=cfg.eos_token_id,
+    sync_dir=str(tmp_path_factory.mktemp("sync")),
+    model_name=vllm_server.options.served_model_name,
+  )
   yield sampler, cfg, params
   sampler.close()
 
@@ -86,14 +90,16 @@ def _max_diff(outs, prompts, params, cfg):
 
 def test_sampled_logprobs_match_ours(client):
   sampler, cfg, params = client
-  outs = sampler.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=0,
-                                                  ignore_eos=True))
+  outs = sampler.generate(
+    PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=0, ignore_eos=True)
+  )
   assert [len(g) for g in outs] == [4, 4, 4]
   assert all(len(c.token_ids) == 24 and c.finish_reason == "length" for g in outs for c in g)
   assert len({c.token_ids for c in outs[0]}) > 1
   assert _max_diff(outs, PROMPTS, params, cfg) <= 1e-3
-  again = sampler.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=0,
-                                                   ignore_eos=True))
+  again = sampler.generate(
+    PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=0, ignore_eos=True)
+  )
   assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in outs]
 
 
@@ -117,17 +123,27 @@ def test_weight_sync_serves_new_params_even_for_cached_prefixes(client):
 
 
 def test_parse_reports_malformed_responses():
-  good = {"choices": [{"index": 0, "token_ids": [1, 2], "text": "ab", "finish_reason": "stop",
-                       "logprobs": {"token_logprobs": [-0.1, -0.2]}}]}
+  good = {
+    "choices": [
+      {
+        "index": 0,
+        "token_ids": [1, 2],
+        "text": "ab",
+        "finish_reason": "stop",
+        "logprobs": {"token_logprobs": [-0.1, -0.2]},
+      }
+    ]
+  }
   (c,) = parse_completion_response(good, 1, True, set(), 3)
   assert c.token_ids == (1, 2) and c.logprobs == (-0.1, -0.2) and c.weight_version == 3
   cases = {
-      "no 'choices'": {"error": "x"},
-      "expected 2 choices": good,
-      "token_ids missing": {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
-      "token_logprobs missing or of length 1": {"choices": [dict(
-          good["choices"][0], logprobs={"token_logprobs": [-0.1]})]},
-      "finish_reason: unexpected": {"choices": [dict(good["choices"][0], finish_reason="eos")]},
+    "no 'choices'": {"error": "x"},
+    "expected 2 choices": good,
+    "token_ids missing": {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+    "token_logprobs missing or of length 1": {
+      "choices": [dict(good["choices"][0], logprobs={"token_logprobs": [-0.1]})]
+    },
+    "finish_reason: unexpected": {"choices": [dict(good["choices"][0], finish_reason="eos")]},
   }
   for msg, body in cases.items():
     with pytest.raises(MalformedResponseError, match=msg):
@@ -136,7 +152,7 @@ def test_parse_reports_malformed_responses():
     parse_completion_response("<html>502</html>", 1, True, set(), None)
   # What a server shutting down sends for the requests it holds: retried, not malformed.
   aborted = {"choices": [dict(good["choices"][0], finish_reason="abort")]}
-  for n in (1, 2):   # also when it comes back with fewer choices than asked for
+  for n in (1, 2):  # also when it comes back with fewer choices than asked for
     with pytest.raises(RequestAbortedError, match=r"choices\[0\]: request aborted"):
       parse_completion_response(aborted, n, True, set(), None)
 
@@ -161,20 +177,28 @@ def test_requests_the_server_aborts_are_retried(client, vllm_server):
   """The server drops what it holds: the client retries within its budget, and names the
   server once it is spent."""
   _, cfg, _ = client
-  sp = SamplingParams(n=4, max_tokens=1000, ignore_eos=True)   # the server's max_model_len: 1024
+  sp = SamplingParams(n=4, max_tokens=1000, ignore_eos=True)  # the server's max_model_len: 1024
   for retries in (1, 0):
-    sampler = VLLMSampler(vllm_server.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
-                          model_name=vllm_server.options.served_model_name, retries=retries,
-                          backoff_s=0.1, request_timeout_s=120)
+    sampler = VLLMSampler(
+      vllm_server.url,
+      model_config=cfg,
+      eos_token_id=cfg.eos_token_id,
+      model_name=vllm_server.options.served_model_name,
+      retries=retries,
+      backoff_s=0.1,
+      request_timeout_s=120,
+    )
     try:
       fut = _abort_in_flight(sampler, vllm_server, sp)
-      if retries:   # aborted, so these full-length completions come from a second try
+      if retries:  # aborted, so these full-length completions come from a second try
         (group,) = fut.result(timeout=120)
         assert [len(c.token_ids) for c in group] == [sp.max_tokens] * 4
       else:
-        with pytest.raises(RequestAbortedError,
-                           match=f"vLLM server {vllm_server.url}/v1/completions: request "
-                                 r"aborted by the server in all 1 attempts \(aborted; "):
+        with pytest.raises(
+          RequestAbortedError,
+          match=f"vLLM server {vllm_server.url}/v1/completions: request "
+          r"aborted by the server in all 1 attempts \(aborted; ",
+        ):
           fut.result(timeout=120)
     finally:
       sampler.close()
@@ -182,32 +206,49 @@ def test_requests_the_server_aborts_are_retried(client, vllm_server):
 
 def test_bad_retry_settings_are_named(client, tmp_path):
   _, cfg, _ = client
-  for kw, msg in ((dict(retries=-1), "retries: must be an int >= 0, got -1"),
-                  (dict(retries=1.5), "retries: must be an int >= 0, got 1.5"),
-                  (dict(retries=True), "retries: must be an int >= 0, got True"),
-                  (dict(request_timeout_s=0), "request_timeout_s: must be a number > 0, got 0"),
-                  (dict(request_timeout_s=None), "request_timeout_s: must be a number > 0"),
-                  (dict(backoff_s=-1.0), "backoff_s: must be a number >= 0, got -1.0")):
+  for kw, msg in (
+    (dict(retries=-1), "retries: must be an int >= 0, got -1"),
+    (dict(retries=1.5), "retries: must be an int >= 0, got 1.5"),
+    (dict(retries=True), "retries: must be an int >= 0, got True"),
+    (dict(request_timeout_s=0), "request_timeout_s: must be a number > 0, got 0"),
+    (dict(request_timeout_s=None), "request_timeout_s: must be a number > 0"),
+    (dict(backoff_s=-1.0), "backoff_s: must be a number >= 0, got -1.0"),
+  ):
     with pytest.raises(ValueError, match=re.escape(msg)):
       VLLMSampler("http://127.0.0.1:1", model_config=cfg, eos_token_id=0, **kw)
   # In a run: one line naming the config field, before SFT spends any time.
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
-         f"--workdir={tmp_path}", "--config.sampler.kind=vllm",
-         "--config.sampler.urls=http://127.0.0.1:1", "--config.sampler.backoff_s=-2.0"]
-  out = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                       capture_output=True, text=True, timeout=300)
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_rlvr.py",
+    f"--workdir={tmp_path}",
+    "--config.sampler.kind=vllm",
+    "--config.sampler.urls=http://127.0.0.1:1",
+    "--config.sampler.backoff_s=-2.0",
+  ]
+  out = subprocess.run(
+    cmd,
+    cwd=REPO,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 1 and out.stderr.strip().splitlines() == [
-      "launch.train: sampler.backoff_s: must be a number >= 0, got -2.0 "
-      "(--verbose for the traceback)"], out.stderr[-2000:]
+    "launch.train: sampler.backoff_s: must be a number >= 0, got -2.0 (--verbose for the traceback)"
+  ], out.stderr[-2000:]
   assert not (tmp_path / "sft").exists()
 
 
 def _long_seeded_batch(sampler, cfg, n_prompts=8, length=300):
   rng = np.random.RandomState(0)
-  prompts = [[int(t) for t in rng.randint(3, cfg.vocab_size - 70, length)]
-             for _ in range(n_prompts)]
-  return sampler.generate(prompts, SamplingParams(n=1, temperature=1.0, max_tokens=8, seed=5,
-                                                  ignore_eos=True))
+  prompts = [
+    [int(t) for t in rng.randint(3, cfg.vocab_size - 70, length)] for _ in range(n_prompts)
+  ]
+  return sampler.generate(
+    prompts, SamplingParams(n=1, temperature=1.0, max_tokens=8, seed=5, ignore_eos=True)
+  )
 
 
 def test_launcher_flags_survive_seeded_long_batches(client):
@@ -224,11 +265,20 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
   cfg, params = model.load_hf(served_model_dir)
   port = free_port()
   # A server with a small token budget: seeded batched prefills get chunked and its engine dies.
-  bad = start_server(served_model_dir, ServerOptions(port=port, max_model_len=1024,
-                                                     max_num_batched_tokens=128, max_num_seqs=16),
-                     log_path=str(tmp_path / "bad.log"))
-  sampler = VLLMSampler(bad.url, model_config=cfg, eos_token_id=cfg.eos_token_id,
-                        model_name="policy", retries=2, backoff_s=0.2, request_timeout_s=60)
+  bad = start_server(
+    served_model_dir,
+    ServerOptions(port=port, max_model_len=1024, max_num_batched_tokens=128, max_num_seqs=16),
+    log_path=str(tmp_path / "bad.log"),
+  )
+  sampler = VLLMSampler(
+    bad.url,
+    model_config=cfg,
+    eos_token_id=cfg.eos_token_id,
+    model_name="policy",
+    retries=2,
+    backoff_s=0.2,
+    request_timeout_s=60,
+  )
   try:
     with pytest.raises(EngineDeadError, match=f"{bad.url}.*engine dead"):
       _long_seeded_batch(sampler, cfg)
@@ -236,16 +286,20 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
   finally:
     bad.stop()
   # The same URL comes back with the launcher's flags: the client picks it up.
-  good = start_server(served_model_dir, ServerOptions(port=port, max_model_len=1024),
-                      log_path=str(tmp_path / "good.log"))
+  good = start_server(
+    served_model_dir,
+    ServerOptions(port=port, max_model_len=1024),
+    log_path=str(tmp_path / "good.log"),
+  )
   try:
     outs = _long_seeded_batch(sampler, cfg)
     assert all(len(g[0].token_ids) == 8 for g in outs)
     # Killed mid-run: a clear error naming the server once the retry budget is spent
     # (whether the dying server aborted the request or the connection went first).
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
-      fut = ex.submit(sampler.generate, [[5, 6, 7]] * 4,
-                      SamplingParams(n=8, max_tokens=900, ignore_eos=True))
+      fut = ex.submit(
+        sampler.generate, [[5, 6, 7]] * 4, SamplingParams(n=8, max_tokens=900, ignore_eos=True)
+      )
       time.sleep(1.0)
       good.stop(timeout=5)
       with pytest.raises(SamplerError, match=f"vLLM server {good.url}"):
@@ -257,25 +311,40 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_launch_train_samples_from_the_server_and_syncs_it_every_step(
-    client, vllm_server, served_model_dir, tmp_path, check_samples):
+  client, vllm_server, served_model_dir, tmp_path, check_samples
+):
   """`launch.train` with `sampler.kind=vllm` (what every paper config runs): SFT moves the
   policy away from the served weights, the run pushes its weights at start-up and after
   each RL step, and the server ends on the run's final policy (version = rl.steps).
   Then `launch.evaluate --run` samples that policy from the server too."""
   sampler, cfg, served_params = client
   workdir = tmp_path / "run"
-  cmd = [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py",
-         f"--workdir={workdir}", f"--config.model.path={served_model_dir}",
-         "--config.sampler.kind=vllm", f"--config.sampler.urls={vllm_server.url}",
-         f"--config.sampler.model={vllm_server.options.served_model_name}",
-         "--config.sampler.sync_dtype=float32", "--config.sampler.retries=1",
-         "--config.sft.steps=20", "--config.sft.learner.total_steps=20",
-         "--config.sft.batch_size=8", "--config.data.arithmetic.n_sft=64",
-         "--config.data.arithmetic.n_train=32", "--config.data.arithmetic.n_heldout=8",
-         "--config.eval.sampling.n=2", "--config.rl.steps=2",
-         "--config.rl.loop.prompts_per_step=4", "--config.rl.loop.ppo_mini_batch_size=4",
-         "--config.rl.loop.dynamic_sampling=False", "--config.reward_workers=1",
-         "--config.eval.samples=True"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_rlvr.py",
+    f"--workdir={workdir}",
+    f"--config.model.path={served_model_dir}",
+    "--config.sampler.kind=vllm",
+    f"--config.sampler.urls={vllm_server.url}",
+    f"--config.sampler.model={vllm_server.options.served_model_name}",
+    "--config.sampler.sync_dtype=float32",
+    "--config.sampler.retries=1",
+    "--config.sft.steps=20",
+    "--config.sft.learner.total_steps=20",
+    "--config.sft.batch_size=8",
+    "--config.data.arithmetic.n_sft=64",
+    "--config.data.arithmetic.n_train=32",
+    "--config.data.arithmetic.n_heldout=8",
+    "--config.eval.sampling.n=2",
+    "--config.rl.steps=2",
+    "--config.rl.loop.prompts_per_step=4",
+    "--config.rl.loop.ppo_mini_batch_size=4",
+    "--config.rl.loop.dynamic_sampling=False",
+    "--config.reward_workers=1",
+    "--config.eval.samples=True",
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   try:
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -291,15 +360,27 @@ def test_launch_train_samples_from_the_server_and_syncs_it_every_step(
     assert sorted(os.listdir(workdir / "weights")) == ["v1", "v2"]
     pcfg, policy = model.load_hf(str(workdir / "policy"))
     outs = sampler.generate(PROMPTS, SamplingParams(n=2, max_tokens=8, logprobs=True))
-    assert _max_diff(outs, PROMPTS, policy, pcfg) <= 1e-3       # serves the final policy
+    assert _max_diff(outs, PROMPTS, policy, pcfg) <= 1e-3  # serves the final policy
     assert _max_diff(outs, PROMPTS, served_params, cfg) > 1e-2  # not what it started with
     again = subprocess.run(
-        [sys.executable, "-m", "launch.evaluate", f"--run={workdir}", "--limit=3",
-         f"--vllm_urls={vllm_server.url}",
-         f"--vllm_model={vllm_server.options.served_model_name}", "--reward_workers=1"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+      [
+        sys.executable,
+        "-m",
+        "launch.evaluate",
+        f"--run={workdir}",
+        "--limit=3",
+        f"--vllm_urls={vllm_server.url}",
+        f"--vllm_model={vllm_server.options.served_model_name}",
+        "--reward_workers=1",
+      ],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
-    (name, result), = json.load(open(workdir / "eval_again" / "eval.json")).items()
+    ((name, result),) = json.load(open(workdir / "eval_again" / "eval.json")).items()
     assert result["problems"] == 3
     check_samples(workdir / "eval_again" / f"samples_{name}.jsonl", result)
   finally:
@@ -325,8 +406,7 @@ def test_repetition_penalty_greedy_matches_jax_sampler(client):
   prompts = base + [p + list(g[0].token_ids[:4]) for p, g in zip(base, first)]
   outs = {}
   for penalty in (1.0, 2.0):
-    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                        repetition_penalty=penalty)
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, repetition_penalty=penalty)
     ours = [g[0].token_ids for g in jax_sampler.generate(prompts, sp)]
     theirs = [g[0].token_ids for g in sampler.generate(prompts, sp)]
     agree = []
@@ -338,8 +418,10 @@ def test_repetition_penalty_greedy_matches_jax_sampler(client):
       agree.append(t)
     outs[penalty] = ours, agree
   (plain, _), (pen, agree) = outs[1.0], outs[2.0]
-  changed = [(prompt, a, _first_difference(a, b))
-             for prompt, a, b, n in zip(prompts, plain, pen, agree) if a != b
-             and n > _first_difference(a, b)]   # vLLM took the same penalized turn
+  changed = [
+    (prompt, a, _first_difference(a, b))
+    for prompt, a, b, n in zip(prompts, plain, pen, agree)
+    if a != b and n > _first_difference(a, b)
+  ]  # vLLM took the same penalized turn
   assert changed, (plain, pen, agree)
   assert any(a[t] in prompt and a[t] not in a[:t] for prompt, a, t in changed), changed

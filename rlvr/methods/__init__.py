@@ -13,8 +13,7 @@ from typing import Sequence
 from rlvr.methods import composition, plain, qbq, svs
 from rlvr.methods.base import Method, Prompt
 
-KNOWN = {"rlvr": plain.make, "svs": svs.make, "composition": composition.make,
-         "qbq": qbq.make}
+KNOWN = {"rlvr": plain.make, "svs": svs.make, "composition": composition.make, "qbq": qbq.make}
 
 
 def make(cfg, train: Sequence[Prompt]) -> Method:
@@ -23,8 +22,10 @@ def make(cfg, train: Sequence[Prompt]) -> Method:
   if name in KNOWN:
     return KNOWN[name](cfg, train)
   if ":" not in name:
-    raise ValueError(f"method: unknown {name!r}; known: {sorted(KNOWN)}, or "
-                     "'package.module:factory' for a method defined elsewhere")
+    raise ValueError(
+      f"method: unknown {name!r}; known: {sorted(KNOWN)}, or "
+      "'package.module:factory' for a method defined elsewhere"
+    )
   module, attr = name.split(":", 1)
   try:
     factory = getattr(importlib.import_module(module), attr)

@@ -28,11 +28,11 @@ class Method(abc.ABC):
   hooks default to "nothing of its own".
   """
 
-  name: str                          # also the name of its plot, `<name>.png`
-  plot_keys: tuple[str, ...] = ()    # metrics of its own plot; () for none
-  progress_keys: Mapping[str, str] = types.MappingProxyType({})   # progress label -> metric
-  mark_key: str = ""                 # a metric whose truthy steps its plot marks (e.g. the
-                                     # curriculum's depth switches); "" marks nothing
+  name: str  # also the name of its plot, `<name>.png`
+  plot_keys: tuple[str, ...] = ()  # metrics of its own plot; () for none
+  progress_keys: Mapping[str, str] = types.MappingProxyType({})  # progress label -> metric
+  mark_key: str = ""  # a metric whose truthy steps its plot marks (e.g. the
+  # curriculum's depth switches); "" marks nothing
 
   @abc.abstractmethod
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
@@ -78,6 +78,8 @@ class PromptPool:
 
   def restore(self, state: Mapping[str, Any]) -> None:
     if int(state["n"]) != len(self.prompts):
-      raise ValueError(f"PromptPool: checkpoint was written for {state['n']} prompts, this run "
-                       f"has {len(self.prompts)}; resume with the same data")
+      raise ValueError(
+        f"PromptPool: checkpoint was written for {state['n']} prompts, this run "
+        f"has {len(self.prompts)}; resume with the same data"
+      )
     self.stream = DataStream.from_state(state)

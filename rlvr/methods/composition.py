@@ -38,13 +38,16 @@ class Composition(Method):
 
   name = "composition"
   plot_keys: tuple[str | metrics_lib.Panel, ...] = (
-      "depth",
-      metrics_lib.Panel("Training groups all or none correct", "fraction of groups",
-                        (("solve_all", "all correct (too easy)"),
-                         ("solve_none", "none correct (too hard)"))),
-      "accuracy")
+    "depth",
+    metrics_lib.Panel(
+      "Training groups all or none correct",
+      "fraction of groups",
+      (("solve_all", "all correct (too easy)"), ("solve_none", "none correct (too hard)")),
+    ),
+    "accuracy",
+  )
   progress_keys: Mapping[str, str] = {"depth": "depth"}
-  mark_key = "depth_switch"              # the plot marks the steps where a new depth begins
+  mark_key = "depth_switch"  # the plot marks the steps where a new depth begins
 
   def __init__(self, train: Sequence[Prompt], curriculum: CurriculumConfig, seed: int):
     by_depth: dict[int, list[Prompt]] = {}
@@ -53,8 +56,10 @@ class Composition(Method):
     missing = [d for d in curriculum.depths if d not in by_depth]
     if missing:
       have = {d: len(v) for d, v in sorted(by_depth.items())}
-      raise ValueError(f"composition.depths: no training prompts of depth {missing} (have "
-                       f"{have}); sources must end in -d<K>, e.g. 'composed-d2'")
+      raise ValueError(
+        f"composition.depths: no training prompts of depth {missing} (have "
+        f"{have}); sources must end in -d<K>, e.g. 'composed-d2'"
+      )
     self.pools = {d: PromptPool(by_depth[d], seed + d) for d in curriculum.depths}
     self.curriculum = Curriculum(curriculum)
 
@@ -66,8 +71,10 @@ class Composition(Method):
     return kept, {"depth": depth, "depth_switch": int(switched)}
 
   def state(self) -> dict[str, Any]:
-    return {"pools": {str(d): p.state() for d, p in self.pools.items()},
-            "curriculum": self.curriculum.state()}
+    return {
+      "pools": {str(d): p.state() for d, p in self.pools.items()},
+      "curriculum": self.curriculum.state(),
+    }
 
   def restore(self, state: Mapping[str, Any]) -> None:
     for d, s in state["pools"].items():
@@ -76,9 +83,11 @@ class Composition(Method):
 
   def summary(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     depths = [r["depth"] for r in rows if "depth" in r]
-    return {"depth_per_step": depths,
-            "depth_switch_steps": [r["step"] + 1 for r in rows if r.get("depth_switch")],
-            "final_depth": self.curriculum.depth}
+    return {
+      "depth_per_step": depths,
+      "depth_switch_steps": [r["step"] + 1 for r in rows if r.get("depth_switch")],
+      "final_depth": self.curriculum.depth,
+    }
 
 
 def make(cfg, train: Sequence[Prompt]) -> Composition:

@@ -47,23 +47,23 @@ SCHEDULES = ("curriculum", "shuffled", "static")
 
 @dataclasses.dataclass(frozen=True)
 class QbQConfig:
-  rounds: int = 20                      # T, fixed in advance
-  steps_per_round: int = 150            # one pass over N = 300 problems at 2 per step
-  k: int = 16                           # samples per solve count
-  seed_band: str = "mostly"             # "mostly" (8..15 of 16), "sometimes", "mixed"
-  initial_seeds: int = 133              # |S_0| drawn from the band (0: the whole band)
-  select_n: int = 300                   # N of SelectRL
+  rounds: int = 20  # T, fixed in advance
+  steps_per_round: int = 150  # one pass over N = 300 problems at 2 per step
+  k: int = 16  # samples per solve count
+  seed_band: str = "mostly"  # "mostly" (8..15 of 16), "sometimes", "mixed"
+  initial_seeds: int = 133  # |S_0| drawn from the band (0: the whole band)
+  select_n: int = 300  # N of SelectRL
   operators_per_seed: int = 3
-  schedule: str = "curriculum"          # "curriculum" | "shuffled" | "static"
-  replay_from: str = ""                 # shuffled: workdir of a curriculum run
-  teacher: str = "policy"               # "policy", "procedural" (arithmetic), or the URL
-                                        # of an OpenAI-compatible server
-  teacher_model: str = "policy"         # served model name (URL teacher)
+  schedule: str = "curriculum"  # "curriculum" | "shuffled" | "static"
+  replay_from: str = ""  # shuffled: workdir of a curriculum run
+  teacher: str = "policy"  # "policy", "procedural" (arithmetic), or the URL
+  # of an OpenAI-compatible server
+  teacher_model: str = "policy"  # served model name (URL teacher)
   teacher_temperature: float = 1.0
   teacher_top_p: float = 1.0
   teacher_max_tokens: int = 2048
-  integer_answers: bool = False         # variants must have integer answers (AIME)
-  score_temperature: float = 0.7        # solve counts (paper Table 3)
+  integer_answers: bool = False  # variants must have integer answers (AIME)
+  score_temperature: float = 0.7  # solve counts (paper Table 3)
   score_top_p: float = 0.8
   score_top_k: int = 20
   score_repetition_penalty: float = 1.05
@@ -78,11 +78,14 @@ class QbQConfig:
     if self.schedule not in SCHEDULES:
       raise ValueError(f"qbq.schedule: unknown {self.schedule!r}; expected {SCHEDULES}")
     if self.schedule == "shuffled" and not self.replay_from:
-      raise ValueError("qbq.replay_from: the shuffled schedule replays a curriculum run's "
-                       "selections; set it to that run's workdir")
+      raise ValueError(
+        "qbq.replay_from: the shuffled schedule replays a curriculum run's "
+        "selections; set it to that run's workdir"
+      )
     if not 1 <= self.operators_per_seed <= len(qbq.OPERATORS):
-      raise ValueError(f"qbq.operators_per_seed: 1..{len(qbq.OPERATORS)}, "
-                       f"got {self.operators_per_seed}")
+      raise ValueError(
+        f"qbq.operators_per_seed: 1..{len(qbq.OPERATORS)}, got {self.operators_per_seed}"
+      )
 
 
 class QbQ(Method):
@@ -90,28 +93,44 @@ class QbQ(Method):
 
   name = "qbq"
   plot_keys: tuple[str | metrics_lib.Panel, ...] = (
-      "qbq_round",
-      metrics_lib.Panel("Problems per QbQ round", "problems",
-                        (("qbq_seeds", "seeds S_t"), ("qbq_accepted", "variants accepted"),
-                         ("qbq_eligible", "variants with 1..k-1 of k correct"),
-                         ("qbq_selected", "selected for RL, R_t"))),
-      "qbq_vendi", "accuracy",
-      metrics_lib.Panel("Training groups all or none correct", "fraction of groups",
-                        (("solve_all", "all correct (too easy)"),
-                         ("solve_none", "none correct (too hard)"))))
+    "qbq_round",
+    metrics_lib.Panel(
+      "Problems per QbQ round",
+      "problems",
+      (
+        ("qbq_seeds", "seeds S_t"),
+        ("qbq_accepted", "variants accepted"),
+        ("qbq_eligible", "variants with 1..k-1 of k correct"),
+        ("qbq_selected", "selected for RL, R_t"),
+      ),
+    ),
+    "qbq_vendi",
+    "accuracy",
+    metrics_lib.Panel(
+      "Training groups all or none correct",
+      "fraction of groups",
+      (("solve_all", "all correct (too easy)"), ("solve_none", "none correct (too hard)")),
+    ),
+  )
   progress_keys: Mapping[str, str] = {"round": "qbq_round", "sel": "qbq_selected"}
   mark_key = "qbq_round_start"
 
-  def __init__(self, cfg: QbQConfig, train: Sequence[Prompt], workdir: str, seed: int,
-               complete: Complete | None = None):
+  def __init__(
+    self,
+    cfg: QbQConfig,
+    train: Sequence[Prompt],
+    workdir: str,
+    seed: int,
+    complete: Complete | None = None,
+  ):
     self.cfg, self.train, self.seed = cfg, list(train), seed
     self.store = RoundStore(workdir)
-    self.external = complete          # a URL teacher; None: policy or procedural
-    self.round = -1                   # the round whose pass is prepared
-    self.pos = 0                      # problems of the pass used so far
+    self.external = complete  # a URL teacher; None: policy or procedural
+    self.round = -1  # the round whose pass is prepared
+    self.pos = 0  # problems of the pass used so far
     self.problems: list[Prompt] = []  # the pass (or the static pool)
     self.pool: PromptPool | None = None
-    self._pool_state: Mapping[str, Any] | None = None   # a restored static pool's position
+    self._pool_state: Mapping[str, Any] | None = None  # a restored static pool's position
     self.round_metrics: dict[str, float] = {}
 
   # ---------------------------------------------------------------- stages
@@ -120,15 +139,23 @@ class QbQ(Method):
     c = self.cfg
     prompts = [env.prompt(v.problem, v.answer, f"qbq-r{t}") for v in items]
     fits = [len(p.ids) <= env.rl.max_prompt_len for p in prompts]
-    sp = SamplingParams(n=c.k, temperature=c.score_temperature, top_p=c.score_top_p,
-                        top_k=c.score_top_k, repetition_penalty=c.score_repetition_penalty,
-                        max_tokens=c.score_max_tokens, seed=loop.step_seed(self.seed, t, salt))
+    sp = SamplingParams(
+      n=c.k,
+      temperature=c.score_temperature,
+      top_p=c.score_top_p,
+      top_k=c.score_top_k,
+      repetition_penalty=c.score_repetition_penalty,
+      max_tokens=c.score_max_tokens,
+      seed=loop.step_seed(self.seed, t, salt),
+    )
     # Correctness only: no shaping terms, so a step's shaping metrics describe its update's
     # rollouts whether or not this stage ran in it (a resumed run may load it instead).
     kept = [p for p, ok in zip(prompts, fits) if ok]
     groups = iter(loop.rollout(env.generate, env.score, kept, sp) if kept else [])
-    return [dict(dataclasses.asdict(v), n=int(next(groups).correct.sum()) if ok else None)
-            for v, ok in zip(items, fits)]
+    return [
+      dict(dataclasses.asdict(v), n=int(next(groups).correct.sum()) if ok else None)
+      for v, ok in zip(items, fits)
+    ]
 
   def _teach(self, env: StepEnv, seeds: Sequence[qbq.Variant], t: int) -> list[dict]:
     c = self.cfg
@@ -144,8 +171,9 @@ class QbQ(Method):
         by_parent.setdefault(r["parent_id"], []).append(r)
     parents = {s.id: s for s in seeds}
     for pid, group in by_parent.items():
-      reasons = qbq.reject_variants(parents[pid].answer,
-                                    [(r["problem"], r["answer"]) for r in group], seen=seen)
+      reasons = qbq.reject_variants(
+        parents[pid].answer, [(r["problem"], r["answer"]) for r in group], seen=seen
+      )
       for r, why in zip(group, reasons):
         r["reason"] = why
         if why == "accepted":
@@ -154,8 +182,13 @@ class QbQ(Method):
 
   def _policy_complete(self, env: StepEnv, t: int) -> Complete:
     c = self.cfg
-    sp = SamplingParams(n=1, temperature=c.teacher_temperature, top_p=c.teacher_top_p,
-                        max_tokens=c.teacher_max_tokens, seed=loop.step_seed(self.seed, t, 99))
+    sp = SamplingParams(
+      n=1,
+      temperature=c.teacher_temperature,
+      top_p=c.teacher_top_p,
+      max_tokens=c.teacher_max_tokens,
+      seed=loop.step_seed(self.seed, t, 99),
+    )
     return lambda prompts: [g[0].text for g in env.complete(prompts, sp)]
 
   def _pool_variants(self) -> list[qbq.Variant]:
@@ -164,10 +197,14 @@ class QbQ(Method):
 
   def _pool_seeds(self, env: StepEnv) -> list[qbq.Variant]:
     """S_0: the band of pi_0 over the training pool, `initial_seeds` drawn in a seeded order."""
-    scored = self.store.stage(0, "pool_scores.jsonl",
-                              lambda: self._counts(env, self._pool_variants(), 0, 1))
-    band = [as_variant(r) for r in scored
-            if r["n"] is not None and qbq.in_band(r["n"], self.cfg.k, self.cfg.seed_band)]
+    scored = self.store.stage(
+      0, "pool_scores.jsonl", lambda: self._counts(env, self._pool_variants(), 0, 1)
+    )
+    band = [
+      as_variant(r)
+      for r in scored
+      if r["n"] is not None and qbq.in_band(r["n"], self.cfg.k, self.cfg.seed_band)
+    ]
     order = np.random.default_rng((self.seed, 0, 5)).permutation(len(band))
     take = self.cfg.initial_seeds or len(band)
     return [band[i] for i in sorted(order[:take])]
@@ -176,61 +213,81 @@ class QbQ(Method):
     if t == 0:
       return [dataclasses.asdict(s) for s in self._pool_seeds(env)]
     selected = [as_variant(r) for r in self.store.read(t - 1, "selection.jsonl")]
-    rescored = self.store.stage(t - 1, "rescored.jsonl",
-                                lambda: self._counts(env, selected, t, 2))
+    rescored = self.store.stage(t - 1, "rescored.jsonl", lambda: self._counts(env, selected, t, 2))
     counts = {r["id"]: r["n"] for r in rescored if r["n"] is not None}
-    seeds = qbq.next_seeds([v for v in selected if v.id in counts], counts, self.cfg.k,
-                           self.cfg.seed_band)
-    if not seeds:   # nothing in the band: the previous seeds again (stated rule)
+    seeds = qbq.next_seeds(
+      [v for v in selected if v.id in counts], counts, self.cfg.k, self.cfg.seed_band
+    )
+    if not seeds:  # nothing in the band: the previous seeds again (stated rule)
       return self.store.read(t - 1, "seeds.jsonl")
     return [dataclasses.asdict(s) for s in seeds]
 
   def _prepare_round(self, env: StepEnv, t: int) -> list[Prompt]:
     """Runs (or reloads) the stages of round t; returns R_t as prompts."""
     c = self.cfg
-    seeds = [as_variant(r) for r in self.store.stage(t, "seeds.jsonl",
-                                                     lambda: self._next_seeds(env, t))]
+    seeds = [
+      as_variant(r) for r in self.store.stage(t, "seeds.jsonl", lambda: self._next_seeds(env, t))
+    ]
     made = self.store.stage(t, "variants.jsonl", lambda: self._teach(env, seeds, t))
     accepted = [as_variant(r) for r in made if r["reason"] == "accepted"]
     scored = self.store.stage(t, "scored.jsonl", lambda: self._counts(env, accepted, t, 3))
     usable = [as_variant(r) for r in scored if r["n"] is not None]
-    selection = self.store.stage(t, "selection.jsonl", lambda: [
-        dataclasses.asdict(v) for v in qbq.select_rl(usable, c.select_n, c.k)])
+    selection = self.store.stage(
+      t,
+      "selection.jsonl",
+      lambda: [dataclasses.asdict(v) for v in qbq.select_rl(usable, c.select_n, c.k)],
+    )
     reasons: dict[str, int] = {}
     for r in made:
       reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
     bands = {b: sum(qbq.band(v.n, c.k) == b for v in usable) for b in qbq.BANDS}
     texts = [v.problem for v in accepted]
-    summary = dict(round=t, seeds=len(seeds), variants=len(made), accepted=len(accepted),
-                   too_long=len(scored) - len(usable), reasons=reasons, bands=bands,
-                   eligible=sum(1 <= v.n <= c.k - 1 for v in usable),
-                   selected=len(selection),
-                   vendi=diversity.pool_vendi(texts, diversity.hashed_ngrams) if texts else 0.0)
+    summary = dict(
+      round=t,
+      seeds=len(seeds),
+      variants=len(made),
+      accepted=len(accepted),
+      too_long=len(scored) - len(usable),
+      reasons=reasons,
+      bands=bands,
+      eligible=sum(1 <= v.n <= c.k - 1 for v in usable),
+      selected=len(selection),
+      vendi=diversity.pool_vendi(texts, diversity.hashed_ngrams) if texts else 0.0,
+    )
     self.store.write(t, "round.jsonl", [summary])
-    self.round_metrics = {"qbq_seeds": len(seeds), "qbq_accepted": len(accepted),
-                          "qbq_eligible": summary["eligible"], "qbq_selected": len(selection),
-                          "qbq_vendi": summary["vendi"],
-                          **{f"qbq_band_{b}": n for b, n in bands.items()}}
+    self.round_metrics = {
+      "qbq_seeds": len(seeds),
+      "qbq_accepted": len(accepted),
+      "qbq_eligible": summary["eligible"],
+      "qbq_selected": len(selection),
+      "qbq_vendi": summary["vendi"],
+      **{f"qbq_band_{b}": n for b, n in bands.items()},
+    }
     order = np.random.default_rng((self.seed, t, 11)).permutation(len(selection))
-    return [env.prompt(selection[i]["problem"], str(selection[i]["answer"]), f"qbq-r{t}")
-            for i in order]
+    return [
+      env.prompt(selection[i]["problem"], str(selection[i]["answer"]), f"qbq-r{t}") for i in order
+    ]
 
   def _replayed(self, env: StepEnv) -> list[Prompt]:
     """shuffled: every round's selection of the curriculum run at replay_from, one pass."""
     rows = RoundStore(self.cfg.replay_from).selections()
     if not rows:
-      raise ValueError(f"qbq.replay_from: no round_*/selection.jsonl under "
-                       f"{self.cfg.replay_from}/qbq; run the curriculum schedule there first")
+      raise ValueError(
+        f"qbq.replay_from: no round_*/selection.jsonl under "
+        f"{self.cfg.replay_from}/qbq; run the curriculum schedule there first"
+      )
     order = np.random.default_rng((self.seed, 13)).permutation(len(rows))
     self.round_metrics = {"qbq_selected": len(rows)}
     return [env.prompt(rows[i]["problem"], str(rows[i]["answer"]), "qbq-replay") for i in order]
 
   def _static_pool(self, env: StepEnv) -> PromptPool:
     """static: originals plus variants of every pool problem, made once by the teacher."""
-    made = self.store.stage(0, "variants.jsonl",
-                            lambda: self._teach(env, self._pool_variants(), 0))
-    extra = [env.prompt(r["problem"], str(r["answer"]), "qbq-static")
-             for r in made if r["reason"] == "accepted"]
+    made = self.store.stage(0, "variants.jsonl", lambda: self._teach(env, self._pool_variants(), 0))
+    extra = [
+      env.prompt(r["problem"], str(r["answer"]), "qbq-static")
+      for r in made
+      if r["reason"] == "accepted"
+    ]
     self.round_metrics = {"qbq_accepted": len(extra)}
     return PromptPool(self.train + extra, self.seed)
 
@@ -247,8 +304,9 @@ class QbQ(Method):
     if self.round == target and self.problems:
       return False
     fresh = self.round != target
-    self.problems = (self._replayed(env) if self.cfg.schedule == "shuffled"
-                     else self._prepare_round(env, target))
+    self.problems = (
+      self._replayed(env) if self.cfg.schedule == "shuffled" else self._prepare_round(env, target)
+    )
     if fresh:
       self.round, self.pos = target, 0
     return fresh
@@ -264,8 +322,10 @@ class QbQ(Method):
     if self.pool is not None:
       batch = self.pool.draw(k)
     else:
-      batch, self.pos = self.problems[self.pos:self.pos + k], min(self.pos + k,
-                                                                  len(self.problems))
+      batch, self.pos = (
+        self.problems[self.pos : self.pos + k],
+        min(self.pos + k, len(self.problems)),
+      )
     m = dict(self.round_metrics, qbq_round=t, qbq_round_start=int(start))
     groups = env.rollout(batch, env.rl.sampling_params(loop.step_seed(self.seed, step, 0)))
     if groups:
@@ -273,33 +333,58 @@ class QbQ(Method):
     return groups, m
 
   def state(self) -> dict[str, Any]:
-    return {"round": self.round, "pos": self.pos,
-            "pool": self.pool.state() if self.pool is not None else None}
+    return {
+      "round": self.round,
+      "pos": self.pos,
+      "pool": self.pool.state() if self.pool is not None else None,
+    }
 
   def restore(self, state: Mapping[str, Any]) -> None:
     self.round, self.pos = int(state["round"]), int(state["pos"])
     if state.get("pool") is not None:
       self._pool_state = state["pool"]
-    self.problems = []   # reloaded from the artifacts by the next buffer call
+    self.problems = []  # reloaded from the artifacts by the next buffer call
 
   def summary(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     starts = [r for r in rows if r.get("qbq_round_start")]
-    return {"qbq_rounds": [{k: r.get(k) for k in ("qbq_round", "qbq_seeds", "qbq_accepted",
-                                                   "qbq_eligible", "qbq_selected", "qbq_vendi")}
-                           for r in starts]}
+    return {
+      "qbq_rounds": [
+        {
+          k: r.get(k)
+          for k in (
+            "qbq_round",
+            "qbq_seeds",
+            "qbq_accepted",
+            "qbq_eligible",
+            "qbq_selected",
+            "qbq_vendi",
+          )
+        }
+        for r in starts
+      ]
+    }
 
 
 def make(cfg, train: Sequence[Prompt]) -> QbQ:
   c = settings.frozen(QbQConfig, cfg.qbq)
   if not c.teacher:
-    raise ValueError("qbq.teacher: empty; set 'policy' (the policy itself), 'procedural' (the "
-                     "arithmetic task) or the URL of an OpenAI-compatible server")
+    raise ValueError(
+      "qbq.teacher: empty; set 'policy' (the policy itself), 'procedural' (the "
+      "arithmetic task) or the URL of an OpenAI-compatible server"
+    )
   if cfg.rl.steps != c.rounds * c.steps_per_round:
-    raise ValueError(f"rl.steps: {cfg.rl.steps}, but qbq.rounds x qbq.steps_per_round = "
-                     f"{c.rounds * c.steps_per_round}; set them to agree")
+    raise ValueError(
+      f"rl.steps: {cfg.rl.steps}, but qbq.rounds x qbq.steps_per_round = "
+      f"{c.rounds * c.steps_per_round}; set them to agree"
+    )
   complete = None
-  if c.teacher not in ("policy", "procedural"):   # the same key as the sampler's servers
-    complete = server_teacher(c.teacher, c.teacher_model, api_key=cfg.sampler.api_key or None,
-                              temperature=c.teacher_temperature, top_p=c.teacher_top_p,
-                              max_tokens=c.teacher_max_tokens)
+  if c.teacher not in ("policy", "procedural"):  # the same key as the sampler's servers
+    complete = server_teacher(
+      c.teacher,
+      c.teacher_model,
+      api_key=cfg.sampler.api_key or None,
+      temperature=c.teacher_temperature,
+      top_p=c.teacher_top_p,
+      max_tokens=c.teacher_max_tokens,
+    )
   return QbQ(c, train, cfg.workdir, cfg.seed, complete)

@@ -25,8 +25,14 @@ def write_jsonl(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
 
 def as_variant(row: Mapping[str, Any]) -> qbq.Variant:
   """A stored row (seed, variant, scored or selected) as a Variant."""
-  return qbq.Variant(row["id"], row.get("parent_id", ""), row.get("operator", ""),
-                     row["problem"], str(row["answer"]), row.get("n"))
+  return qbq.Variant(
+    row["id"],
+    row.get("parent_id", ""),
+    row.get("operator", ""),
+    row["problem"],
+    str(row["answer"]),
+    row.get("n"),
+  )
 
 
 class RoundStore:

@@ -24,19 +24,35 @@ from synthesis import svs
 
 # svs.png's panels (`metrics.plot_metrics`); the data types are docs/methods.md#svs's.
 PLOT_KEYS = (
-    "accuracy",
-    metrics_lib.Panel("Groups in the update by data type", "groups",
-                      (("type1_groups", "type 1: original problems"),
-                       ("type2_groups", "type 2: problem synthesis"),
-                       ("type3_groups", "type 3: synthetic problems"))),
-    metrics_lib.Panel("Synthetic problems by synthesis reward", "problems per step",
-                      (("svs_accepted", "accepted (R_V = 1)"), ("svs_too_easy", "too easy"),
-                       ("svs_too_hard", "too hard"),
-                       ("svs_unparseable", "no problem extracted"))),
-    "synthetic_accuracy",
-    metrics_lib.Panel("Accepted synthetic problems", "problems per step",
-                      (("svs_accepted", "accepted"),
-                       ("svs_accepted_consistent", "accepted with the original's answer"))),
+  "accuracy",
+  metrics_lib.Panel(
+    "Groups in the update by data type",
+    "groups",
+    (
+      ("type1_groups", "type 1: original problems"),
+      ("type2_groups", "type 2: problem synthesis"),
+      ("type3_groups", "type 3: synthetic problems"),
+    ),
+  ),
+  metrics_lib.Panel(
+    "Synthetic problems by synthesis reward",
+    "problems per step",
+    (
+      ("svs_accepted", "accepted (R_V = 1)"),
+      ("svs_too_easy", "too easy"),
+      ("svs_too_hard", "too hard"),
+      ("svs_unparseable", "no problem extracted"),
+    ),
+  ),
+  "synthetic_accuracy",
+  metrics_lib.Panel(
+    "Accepted synthetic problems",
+    "problems per step",
+    (
+      ("svs_accepted", "accepted"),
+      ("svs_accepted_consistent", "accepted with the original's answer"),
+    ),
+  ),
 )
 
 
@@ -47,8 +63,9 @@ class SvS(Method):
   plot_keys = PLOT_KEYS
   progress_keys: Mapping[str, str] = {"syn": "svs_accepted"}
 
-  def __init__(self, train: Sequence[Prompt], seed: int, cfg: svs.SvSConfig,
-               template: str | None = None):
+  def __init__(
+    self, train: Sequence[Prompt], seed: int, cfg: svs.SvSConfig, template: str | None = None
+  ):
     self.pool = PromptPool(train, seed)
     self.cfg, self.template = cfg, template
 
@@ -56,14 +73,17 @@ class SvS(Method):
     rl = env.rl
     rng = random.Random(loop.step_seed(rl.seed, step, 99))
     seed = lambda phase: loop.step_seed(rl.seed, step, 100 + phase)  # apart from DS rounds
-    if self.cfg.refill_originals:   # DAPO's dynamic sampling: up to prompts_per_step mixed groups
+    if self.cfg.refill_originals:  # DAPO's dynamic sampling: up to prompts_per_step mixed groups
       kept, originals, rounds = loop.gather_groups(env, self.pool.draw, step)
-    else:                           # the authors' loop: one draw, the mixed groups kept
+    else:  # the authors' loop: one draw, the mixed groups kept
       originals = env.rollout(self.pool.draw(rl.prompts_per_step), rl.sampling_params(seed(0)))
       kept, rounds = [o for o in originals if o.mixed], 1
     type1 = [o for o in kept if o.mixed]
-    under = [o for o in type1 if svs.underperforming(float(o.correct.mean()), self.cfg.under_lo,
-                                                      self.cfg.under_hi)]
+    under = [
+      o
+      for o in type1
+      if svs.underperforming(float(o.correct.mean()), self.cfg.under_lo, self.cfg.under_hi)
+    ]
     m = {"svs_underperforming": len(under)}
     if self.cfg.mode == "eup":  # ablation: a second rollout on underperforming problems
       again = env.rollout([o.prompt for o in under], rl.sampling_params(seed(1))) if under else []
@@ -71,18 +91,18 @@ class SvS(Method):
       type2, type3 = [], []
     else:
       type2, type3 = self._synthesize(env, under, seed, rng, m)
-    m.update({"type1_groups": len(type1), "type2_groups": len(type2),
-              "type3_groups": len(type3)})
-    env.report_rollouts(originals, type1, rounds)   # the step's metrics: originals, type 1
+    m.update({"type1_groups": len(type1), "type2_groups": len(type2), "type3_groups": len(type3)})
+    env.report_rollouts(originals, type1, rounds)  # the step's metrics: originals, type 1
     return type1 + type2 + type3, m
 
   def _synthesize(self, env: StepEnv, under: list[Group], seed, rng, m: dict):
     """Types 2 and 3 from the underperforming groups; adds the svs_* metrics to m."""
     cfg, rl = self.cfg, env.rl
     sources = [(o, c) for o in under for c, ok in zip(o.completions, o.correct) if ok]
-    syn_ids = [env.encode_task(svs.build_synthesis_prompt(c.text, self.template))
-               for _, c in sources]
-    fits = [len(ids) <= rl.max_prompt_len for ids in syn_ids]   # too long: dropped, counted
+    syn_ids = [
+      env.encode_task(svs.build_synthesis_prompt(c.text, self.template)) for _, c in sources
+    ]
+    fits = [len(ids) <= rl.max_prompt_len for ids in syn_ids]  # too long: dropped, counted
     m["svs_synthesis_too_long"] = fits.count(False)
     sources = [s for s, ok in zip(sources, fits) if ok]
     syn_ids = [ids for ids, ok in zip(syn_ids, fits) if ok]
@@ -90,17 +110,17 @@ class SvS(Method):
     if syn_ids:
       sp = dataclasses.replace(rl.sampling_params(seed(2)), n=cfg.syntheses_per_solution)
       syn_outs = env.generate(syn_ids, sp)
-    problems = [[svs.extract_problem(c.text, cfg.max_problem_chars) for c in outs]
-                for outs in syn_outs]
+    problems = [
+      [svs.extract_problem(c.text, cfg.max_problem_chars) for c in outs] for outs in syn_outs
+    ]
     m["svs_extraction_failures"] = sum(p is None for ps in problems for p in ps)
     # solve every extracted synthetic problem G times, against the ORIGINAL answer
     flat = [(i, k, p) for i, ps in enumerate(problems) for k, p in enumerate(ps) if p]
-    syn_prompts = [env.prompt(p, sources[i][0].prompt.answer, "svs-synthetic")
-                   for i, _, p in flat]
+    syn_prompts = [env.prompt(p, sources[i][0].prompt.answer, "svs-synthetic") for i, _, p in flat]
     fits = [len(q.ids) <= rl.max_prompt_len for q in syn_prompts]
     m["svs_synthetic_too_long"] = fits.count(False)
     for (i, k, _), ok in zip(flat, fits):
-      if not ok:   # a synthetic problem too long to solve counts as unparseable
+      if not ok:  # a synthetic problem too long to solve counts as unparseable
         problems[i][k] = None
     flat = [f for f, ok in zip(flat, fits) if ok]
     syn_prompts = [q for q, ok in zip(syn_prompts, fits) if ok]
@@ -108,8 +128,8 @@ class SvS(Method):
     accs = [[None] * len(ps) for ps in problems]
     for (i, k, _), grp in zip(flat, solved):
       accs[i][k] = float(grp.correct.mean())
-    type3 = [grp for grp in solved if grp.mixed]   # synthetic solving with 0 < acc < 1
-    type2 = []                                      # synthesis groups with mixed R_V
+    type3 = [grp for grp in solved if grp.mixed]  # synthetic solving with 0 < acc < 1
+    type2 = []  # synthesis groups with mixed R_V
     for i, (src, _) in enumerate(sources):
       rewards = svs.synthesis_rewards(accs[i], cfg, rng)
       if rewards is not None:
@@ -118,20 +138,23 @@ class SvS(Method):
         type2.append(Group(task, syn_outs[i], rewards, rewards > 0))
     reason = [[svs.rejection_reason(a, cfg) for a in row] for row in accs]
     reasons = [r for row in reason for r in row]
-    if env.answer_of is not None:   # diagnostic: does the synthetic problem keep the answer?
+    if env.answer_of is not None:  # diagnostic: does the synthetic problem keep the answer?
       consistent = [env.answer_of(p) == q.answer for (_, _, p), q in zip(flat, syn_prompts)]
       accepted = [c for c, (i, k, _) in zip(consistent, flat) if reason[i][k] == "accepted"]
       m.update({"svs_consistent": sum(consistent), "svs_accepted_consistent": sum(accepted)})
-    m.update({
+    m.update(
+      {
         "svs_correct_solutions": len(sources),
         "svs_syntheses": sum(len(ps) for ps in problems),
         "svs_accepted": reasons.count("accepted"),
         "svs_too_easy": reasons.count("too_easy"),
         "svs_too_hard": reasons.count("too_hard"),
         "svs_unparseable": reasons.count("unparseable"),
-        "synthetic_accuracy": (float(np.mean([grp.correct.mean() for grp in solved]))
-                               if solved else float("nan")),
-    })
+        "synthetic_accuracy": (
+          float(np.mean([grp.correct.mean() for grp in solved])) if solved else float("nan")
+        ),
+      }
+    )
     return type2, type3
 
   def state(self) -> dict[str, Any]:
@@ -144,26 +167,31 @@ class SvS(Method):
     if not rows:
       return {}
     accepted = [r.get("svs_accepted", 0) for r in rows]
-    out = {"synthetic_accepted_per_step": accepted,
-           "synthetic_accepted_mean": round(sum(accepted) / len(rows), 2)}
+    out = {
+      "synthetic_accepted_per_step": accepted,
+      "synthetic_accepted_mean": round(sum(accepted) / len(rows), 2),
+    }
     if "svs_accepted_consistent" in rows[-1]:
       out["accepted_consistent_per_step"] = [r.get("svs_accepted_consistent", 0) for r in rows]
     out["buffer_types_per_step"] = [
-        {f"type{t}": r.get(f"type{t}_groups", 0) for t in (1, 2, 3)} for r in rows]
+      {f"type{t}": r.get(f"type{t}_groups", 0) for t in (1, 2, 3)} for r in rows
+    ]
     return out
 
 
 def synthesis_template(name: str) -> str | None:
-  """"default" (our wording), "arithmetic" (the procedural task's short one) or a file path."""
+  """ "default" (our wording), "arithmetic" (the procedural task's short one) or a file path."""
   if name == "default":
     return None
   if name == "arithmetic":
     from rlvr.tasks import arithmetic
+
     return arithmetic.INVERSE_TEMPLATE
   with open(name) as f:
     return f.read()
 
 
 def make(cfg, train: Sequence[Prompt]) -> SvS:
-  return SvS(train, cfg.seed, settings.frozen(svs.SvSConfig, cfg.svs),
-             synthesis_template(cfg.svs.template))
+  return SvS(
+    train, cfg.seed, settings.frozen(svs.SvSConfig, cfg.svs), synthesis_template(cfg.svs.template)
+  )

@@ -2,19 +2,31 @@
 
 from rlvr.model.config import ConfigError, ModelConfig, RopeScaling
 from rlvr.model.decoder import (
-                                KVCache,
-                                count_params,
-                                forward,
-                                init,
-                                logical_axes,
-                                param_shapes,
-                                param_shardings,
+  KVCache,
+  count_params,
+  forward,
+  init,
+  logical_axes,
+  param_shapes,
+  param_shardings,
 )
 from rlvr.model.hf_io import CheckpointError, load_hf, save_hf
 from rlvr.model.tiny import make_tiny, train_tokenizer
 
 __all__ = [
-    "CheckpointError", "ConfigError", "KVCache", "ModelConfig", "RopeScaling", "count_params",
-    "forward", "init", "load_hf", "logical_axes", "make_tiny", "param_shapes", "param_shardings",
-    "save_hf", "train_tokenizer",
+  "CheckpointError",
+  "ConfigError",
+  "KVCache",
+  "ModelConfig",
+  "RopeScaling",
+  "count_params",
+  "forward",
+  "init",
+  "load_hf",
+  "logical_axes",
+  "make_tiny",
+  "param_shapes",
+  "param_shardings",
+  "save_hf",
+  "train_tokenizer",
 ]

@@ -55,14 +55,15 @@ def dense_attention(q, k, v, q_segment, kv_segment, q_slot, k_slot):
   b, t, h, hd = q.shape
   kvh, s = k.shape[2], k.shape[1]
   dt = q.dtype
-  mask_bts = ((q_segment[:, :, None] == kv_segment[:, None, :])
-              & (kv_segment[:, None, :] != 0)
-              & (k_slot[None, None, :] <= q_slot[None, :, None]))
+  mask_bts = (
+    (q_segment[:, :, None] == kv_segment[:, None, :])
+    & (kv_segment[:, None, :] != 0)
+    & (k_slot[None, None, :] <= q_slot[None, :, None])
+  )
   qg = _fold(q, kvh)
   kk = k.astype(dt).transpose(0, 2, 1, 3)
   vv = v.astype(dt).transpose(0, 2, 1, 3)
-  logits = jnp.einsum("bkqh,bksh->bkqs", qg, kk,
-                      preferred_element_type=jnp.float32) / math.sqrt(hd)
+  logits = jnp.einsum("bkqh,bksh->bkqs", qg, kk, preferred_element_type=jnp.float32) / math.sqrt(hd)
   g = h // kvh
   logits = jnp.where(mask_bts[:, None, None], logits.reshape(b, kvh, g, t, s), _NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(b, kvh, g * t, s)
@@ -77,10 +78,18 @@ def causal_dense_attention(q, k, v, segment, block: int = 256):
   form is `blockwise_attention`."""
   t = q.shape[1]
   slots = jnp.arange(t)
-  outs = [dense_attention(q[:, lo:lo + block], k[:, :lo + block], v[:, :lo + block],
-                          segment[:, lo:lo + block], segment[:, :lo + block],
-                          slots[lo:lo + block], slots[:lo + block])
-          for lo in range(0, t, block)]
+  outs = [
+    dense_attention(
+      q[:, lo : lo + block],
+      k[:, : lo + block],
+      v[:, : lo + block],
+      segment[:, lo : lo + block],
+      segment[:, : lo + block],
+      slots[lo : lo + block],
+      slots[: lo + block],
+    )
+    for lo in range(0, t, block)
+  ]
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
@@ -116,36 +125,41 @@ def blockwise_attention(q, k, v, segment, block_q: int = 512, block_k: int = 512
 
   @jax.checkpoint
   def one_query_block(args):
-    qi, qb, sq = args          # qb [B, KV, g, bq, hd], sq [B, bq]
+    qi, qb, sq = args  # qb [B, KV, g, bq, hd], sq [B, bq]
     q_pos = qi * block_q + jnp.arange(block_q)
 
     def step(carry, kj):
-      m, l, acc = carry        # [B, KV, g, bq], [B, KV, g, bq], [B, KV, g, bq, hd]
+      m, l, acc = carry  # [B, KV, g, bq], [B, KV, g, bq], [B, KV, g, bq, hd]
 
       def visit(carry):
         m, l, acc = carry
         kb, vb, sk = k_blocks[kj], v_blocks[kj], sk_blocks[kj]
         k_pos = kj * block_k + jnp.arange(block_k)
-        logits = jnp.einsum("bkgqh,bksh->bkgqs", qb, kb,
-                            preferred_element_type=jnp.float32) * scale
-        mask = ((sq[:, :, None] == sk[:, None, :]) & (sk[:, None, :] != 0)
-                & (k_pos[None, None, :] <= q_pos[None, :, None]))      # [B, bq, bk]
+        logits = jnp.einsum("bkgqh,bksh->bkgqs", qb, kb, preferred_element_type=jnp.float32) * scale
+        mask = (
+          (sq[:, :, None] == sk[:, None, :])
+          & (sk[:, None, :] != 0)
+          & (k_pos[None, None, :] <= q_pos[None, :, None])
+        )  # [B, bq, bk]
         logits = jnp.where(mask[:, None, None], logits, _NEG_INF)
         m_new = jnp.maximum(m, logits.max(-1))
         p = jnp.exp(logits - m_new[..., None])
         correction = jnp.exp(m - m_new)
         l = l * correction + p.sum(-1)
         acc = acc * correction[..., None] + jnp.einsum(
-            "bkgqs,bksh->bkgqh", p.astype(dt), vb, preferred_element_type=jnp.float32)
+          "bkgqs,bksh->bkgqh", p.astype(dt), vb, preferred_element_type=jnp.float32
+        )
         return m_new, l, acc
 
       # Key blocks that start after this query block's last position are all masked.
       below = kj * block_k <= qi * block_q + block_q - 1
       return jax.lax.cond(below, visit, lambda c: c, carry), None
 
-    init = (jnp.full(qb.shape[:-1], _NEG_INF, jnp.float32),
-            jnp.zeros(qb.shape[:-1], jnp.float32),
-            jnp.zeros(qb.shape, jnp.float32))
+    init = (
+      jnp.full(qb.shape[:-1], _NEG_INF, jnp.float32),
+      jnp.zeros(qb.shape[:-1], jnp.float32),
+      jnp.zeros(qb.shape, jnp.float32),
+    )
     (m, l, acc), _ = jax.lax.scan(step, init, jnp.arange(nk))
     return (acc / jnp.maximum(l, 1e-30)[..., None]).astype(dt)
 
@@ -165,8 +179,14 @@ def fused_attention(q, k, v, segment, implementation: str = "cudnn"):
   b, t, h, hd = q.shape
   lengths = jnp.sum(segment != 0, axis=-1).astype(jnp.int32)
   out = jax.nn.dot_product_attention(
-      q, k.astype(q.dtype), v.astype(q.dtype), is_causal=True, query_seq_lengths=lengths,
-      key_value_seq_lengths=lengths, implementation=implementation)
+    q,
+    k.astype(q.dtype),
+    v.astype(q.dtype),
+    is_causal=True,
+    query_seq_lengths=lengths,
+    key_value_seq_lengths=lengths,
+    implementation=implementation,
+  )
   return out.reshape(b, t, h * hd)
 
 

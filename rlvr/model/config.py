@@ -10,9 +10,9 @@ from typing import Any, Mapping
 # HF architecture name -> our family name. Each family fixes the per-layer
 # details that config.json does not spell out (qkv bias, q/k norm).
 ARCHITECTURES = {
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "LlamaForCausalLM": "llama",
+  "Qwen2ForCausalLM": "qwen2",
+  "Qwen3ForCausalLM": "qwen3",
+  "LlamaForCausalLM": "llama",
 }
 _FAMILY_TO_ARCH = {v: k for k, v in ARCHITECTURES.items()}
 
@@ -35,7 +35,7 @@ class RopeScaling:
 class ModelConfig:
   """Shape and numerics of one decoder; hashable, so it can be a static jit arg."""
 
-  family: str                      # "qwen2" | "qwen3" | "llama"
+  family: str  # "qwen2" | "qwen3" | "llama"
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -53,15 +53,24 @@ class ModelConfig:
 
   def __post_init__(self):
     if self.family not in _FAMILY_TO_ARCH:
-      raise ConfigError(f"family: unsupported {self.family!r}; "
-                        f"expected one of {sorted(_FAMILY_TO_ARCH)}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                 "num_heads", "num_kv_heads", "head_dim"):
+      raise ConfigError(
+        f"family: unsupported {self.family!r}; expected one of {sorted(_FAMILY_TO_ARCH)}"
+      )
+    for name in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+    ):
       if getattr(self, name) <= 0:
         raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
     if self.num_heads % self.num_kv_heads:
-      raise ConfigError(f"num_kv_heads: {self.num_kv_heads} does not divide "
-                        f"num_heads {self.num_heads}")
+      raise ConfigError(
+        f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}"
+      )
 
   @property
   def qkv_bias(self) -> bool:
@@ -97,8 +106,9 @@ class ModelConfig:
     archs = need("architectures")
     arch = archs[0] if isinstance(archs, (list, tuple)) and archs else archs
     if arch not in ARCHITECTURES:
-      raise ConfigError(f"{where}: architectures: unsupported {arch!r}; "
-                        f"supported: {sorted(ARCHITECTURES)}")
+      raise ConfigError(
+        f"{where}: architectures: unsupported {arch!r}; supported: {sorted(ARCHITECTURES)}"
+      )
     family = ARCHITECTURES[arch]
     num_heads = need("num_attention_heads")
     hidden = need("hidden_size")
@@ -115,70 +125,74 @@ class ModelConfig:
     if rope_type == "llama3":
       try:
         scaling = RopeScaling(
-            factor=float(rope["factor"]),
-            low_freq_factor=float(rope["low_freq_factor"]),
-            high_freq_factor=float(rope["high_freq_factor"]),
-            original_max_position_embeddings=int(rope["original_max_position_embeddings"]))
+          factor=float(rope["factor"]),
+          low_freq_factor=float(rope["low_freq_factor"]),
+          high_freq_factor=float(rope["high_freq_factor"]),
+          original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+        )
       except KeyError as e:
         raise ConfigError(f"{where}: rope_scaling: missing field {e.args[0]!r}") from None
     elif rope_type not in ("default", None):
-      raise ConfigError(f"{where}: rope_scaling.rope_type: unsupported {rope_type!r}; "
-                        "supported: default, llama3")
+      raise ConfigError(
+        f"{where}: rope_scaling.rope_type: unsupported {rope_type!r}; supported: default, llama3"
+      )
     eos = hf.get("eos_token_id")
     if isinstance(eos, list):
       eos = eos[0] if eos else None
     return cls(
-        family=family,
-        vocab_size=need("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=need("intermediate_size"),
-        num_layers=need("num_hidden_layers"),
-        num_heads=num_heads,
-        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-        head_dim=head_dim,
-        rope_theta=float(rope_theta),
-        rms_norm_eps=float(need("rms_norm_eps")),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
-        rope_scaling=scaling,
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_id=eos,
+      family=family,
+      vocab_size=need("vocab_size"),
+      hidden_size=hidden,
+      intermediate_size=need("intermediate_size"),
+      num_layers=need("num_hidden_layers"),
+      num_heads=num_heads,
+      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+      head_dim=head_dim,
+      rope_theta=float(rope_theta),
+      rms_norm_eps=float(need("rms_norm_eps")),
+      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+      rope_scaling=scaling,
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_id=eos,
     )
 
   def to_hf(self, dtype: str = "float32") -> dict[str, Any]:
     """The config.json dict that transformers and vLLM load."""
     hf = {
-        "architectures": [self.architecture],
-        "model_type": self.family,
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads,
-        "head_dim": self.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": self.rms_norm_eps,
-        "rope_theta": self.rope_theta,
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "max_position_embeddings": self.max_position_embeddings,
-        "initializer_range": 0.02,
-        "torch_dtype": dtype,
-        "dtype": dtype,
-        "use_cache": True,
-        "attention_dropout": 0.0,
+      "architectures": [self.architecture],
+      "model_type": self.family,
+      "vocab_size": self.vocab_size,
+      "hidden_size": self.hidden_size,
+      "intermediate_size": self.intermediate_size,
+      "num_hidden_layers": self.num_layers,
+      "num_attention_heads": self.num_heads,
+      "num_key_value_heads": self.num_kv_heads,
+      "head_dim": self.head_dim,
+      "hidden_act": "silu",
+      "rms_norm_eps": self.rms_norm_eps,
+      "rope_theta": self.rope_theta,
+      "tie_word_embeddings": self.tie_word_embeddings,
+      "max_position_embeddings": self.max_position_embeddings,
+      "initializer_range": 0.02,
+      "torch_dtype": dtype,
+      "dtype": dtype,
+      "use_cache": True,
+      "attention_dropout": 0.0,
     }
     if self.family == "llama":
       hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
     if self.family == "qwen3":
       hf["attention_bias"] = False
     if self.family in ("qwen2", "qwen3"):
-      hf.update(use_sliding_window=False, sliding_window=None,
-                max_window_layers=self.num_layers)
+      hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers)
     rope = {"rope_type": "default", "rope_theta": self.rope_theta}
     if self.rope_scaling is not None:
-      rope = {"rope_type": "llama3", "rope_theta": self.rope_theta,
-              **dataclasses.asdict(self.rope_scaling)}
+      rope = {
+        "rope_type": "llama3",
+        "rope_theta": self.rope_theta,
+        **dataclasses.asdict(self.rope_scaling),
+      }
       hf["rope_scaling"] = dict(rope)
     hf["rope_parameters"] = rope
     if self.bos_token_id is not None:

@@ -46,9 +46,12 @@ class KVCache:
   @classmethod
   def empty(cls, config: ModelConfig, batch: int, slots: int, dtype=jnp.float32) -> "KVCache":
     shape = (config.num_layers, batch, slots, config.num_kv_heads, config.head_dim)
-    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-               segment_bs=jnp.zeros((batch, slots), jnp.int32),
-               index=jnp.zeros((), jnp.int32))
+    return cls(
+      k=jnp.zeros(shape, dtype),
+      v=jnp.zeros(shape, dtype),
+      segment_bs=jnp.zeros((batch, slots), jnp.int32),
+      index=jnp.zeros((), jnp.int32),
+    )
 
 
 # ----------------------------------------------------------------------- RoPE
@@ -67,7 +70,8 @@ def _llama3_scale(inv_freq: jax.Array, s: RopeScaling) -> jax.Array:
   high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
   wavelen = 2 * math.pi / inv_freq
   smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-      s.high_freq_factor - s.low_freq_factor)
+    s.high_freq_factor - s.low_freq_factor
+  )
   smoothed = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
   out = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
   middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
@@ -110,8 +114,9 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scale = _param(self, "scale", (x.shape[-1],), (self.axis_name,), self.param_dtype,
-                   nn.initializers.ones)
+    scale = _param(
+      self, "scale", (x.shape[-1],), (self.axis_name,), self.param_dtype, nn.initializers.ones
+    )
     xf = x.astype(jnp.float32)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
     return scale.astype(x.dtype) * xf.astype(x.dtype)
@@ -120,7 +125,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
   config: ModelConfig
   param_dtype: Any
-  attention: str = "auto"        # rlvr.model.attention.IMPLEMENTATIONS
+  attention: str = "auto"  # rlvr.model.attention.IMPLEMENTATIONS
 
   @nn.compact
   def __call__(self, x_btd, positions_bt, segment_bt, kv, layer):
@@ -132,8 +137,9 @@ class Attention(nn.Module):
       w = _param(self, f"{name}_kernel", (d, heads, hd), ("embed", head_axis, "head_dim"), pd)
       y = dense(x_btd, w.astype(dt))
       if c.qkv_bias:
-        b = _param(self, f"{name}_bias", (heads, hd), (head_axis, "head_dim"), pd,
-                   nn.initializers.zeros)
+        b = _param(
+          self, f"{name}_bias", (heads, hd), (head_axis, "head_dim"), pd, nn.initializers.zeros
+        )
         y = y + b.astype(dt)
       return y
 
@@ -166,8 +172,9 @@ class Attention(nn.Module):
       keys = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
       values = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
       kv = (k_all, v_all, kv_segment, index)
-      out = attention.dense_attention(q, keys, values, segment_bt, kv_segment,
-                                      index + jnp.arange(t), jnp.arange(keys.shape[1]))
+      out = attention.dense_attention(
+        q, keys, values, segment_bt, kv_segment, index + jnp.arange(t), jnp.arange(keys.shape[1])
+      )
     wo = _param(self, "o_kernel", (h, hd, d), ("heads", "head_dim", "embed"), pd)
     return dense(out, wo.reshape(h * hd, d).astype(dt)), kv
 
@@ -197,10 +204,16 @@ class Block(nn.Module):
     c, pd = self.config, self.param_dtype
     x, kv = carry
     y, kv = Attention(c, pd, self.attention, name="attn")(
-        RMSNorm(c.rms_norm_eps, param_dtype=pd, name="input_norm")(x),
-        positions_bt, segment_bt, kv, layer)
+      RMSNorm(c.rms_norm_eps, param_dtype=pd, name="input_norm")(x),
+      positions_bt,
+      segment_bt,
+      kv,
+      layer,
+    )
     x = x + y
-    x = x + MLP(c, pd, name="mlp")(RMSNorm(c.rms_norm_eps, param_dtype=pd, name="post_attn_norm")(x))
+    x = x + MLP(c, pd, name="mlp")(
+      RMSNorm(c.rms_norm_eps, param_dtype=pd, name="post_attn_norm")(x)
+    )
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     return (x, kv), None
 
@@ -228,8 +241,14 @@ class Decoder(nn.Module):
   scan_layers: bool = True
 
   @nn.compact
-  def __call__(self, tokens_bt, positions_bt, segment_bt, cache: KVCache | None = None,
-               return_hidden: bool = False):
+  def __call__(
+    self,
+    tokens_bt,
+    positions_bt,
+    segment_bt,
+    cache: KVCache | None = None,
+    return_hidden: bool = False,
+  ):
     c, pd = self.config, self.param_dtype
     embed = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"), pd)
     x = jnp.take(embed, tokens_bt, axis=0)
@@ -238,18 +257,19 @@ class Decoder(nn.Module):
     if self.remat:
       block = nn.remat(Block, prevent_cse=False, policy=remat_policy(self.remat_policy))
     scanned = nn.scan(
-        block,
-        variable_axes={"params": 0},
-        split_rngs={"params": True},
-        in_axes=(nn.broadcast, nn.broadcast, 0),
-        length=c.num_layers,
-        metadata_params={nn.PARTITION_NAME: "layers"},
+      block,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(nn.broadcast, nn.broadcast, 0),
+      length=c.num_layers,
+      metadata_params={nn.PARTITION_NAME: "layers"},
     )(c, pd, self.attention, name="layers")
 
     kv = None
     if cache is not None:
       seg_in_cache = jax.lax.dynamic_update_slice_in_dim(
-          cache.segment_bs, segment_bt.astype(jnp.int32), cache.index, axis=1)
+        cache.segment_bs, segment_bt.astype(jnp.int32), cache.index, axis=1
+      )
       kv = (cache.k, cache.v, seg_in_cache, cache.index)
     if self.scan_layers or self.is_initializing():
       (x, kv), _ = scanned((x, kv), positions_bt, segment_bt, jnp.arange(c.num_layers))
@@ -260,12 +280,17 @@ class Decoder(nn.Module):
       stacked = self.variables["params"]["layers"]
       for i in range(c.num_layers):
         (x, kv), _ = block(c, pd, self.attention).apply(
-            {"params": jax.tree.map(lambda a, i=i: a[i], stacked)}, (x, kv), positions_bt,
-            segment_bt, i)
+          {"params": jax.tree.map(lambda a, i=i: a[i], stacked)},
+          (x, kv),
+          positions_bt,
+          segment_bt,
+          i,
+        )
     new_cache = None
     if cache is not None:
-      new_cache = KVCache(k=kv[0], v=kv[1], segment_bs=kv[2],
-                          index=cache.index + tokens_bt.shape[1])
+      new_cache = KVCache(
+        k=kv[0], v=kv[1], segment_bs=kv[2], index=cache.index + tokens_bt.shape[1]
+      )
 
     x = RMSNorm(c.rms_norm_eps, param_dtype=pd, name="final_norm")(x)
     if return_hidden:
@@ -274,8 +299,7 @@ class Decoder(nn.Module):
       head = embed.T
     else:
       head = _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"), pd)
-    logits = jnp.einsum("btd,dv->btv", x, head.astype(x.dtype),
-                        preferred_element_type=jnp.float32)
+    logits = jnp.einsum("btd,dv->btv", x, head.astype(x.dtype), preferred_element_type=jnp.float32)
     return logits, new_cache
 
 
@@ -285,11 +309,20 @@ def default_positions(segment_bt: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(segment_bt != 0, axis=-1) - 1, 0).astype(jnp.int32)
 
 
-def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
-            positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
-            cache: KVCache | None = None, remat: bool = False,
-            return_hidden: bool = False, attention_impl: str = "auto",
-            remat_policy: str = "nothing", scan_layers: bool = True):
+def forward(
+  params: Params,
+  tokens_bt: jax.Array,
+  *,
+  config: ModelConfig,
+  positions: jax.Array | None = None,
+  segment_ids: jax.Array | None = None,
+  cache: KVCache | None = None,
+  remat: bool = False,
+  return_hidden: bool = False,
+  attention_impl: str = "auto",
+  remat_policy: str = "nothing",
+  scan_layers: bool = True,
+):
   """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
 
   segment_ids: [B,T] ints, 0 for padding (default all ones). positions: [B,T]
@@ -310,17 +343,20 @@ def forward(params: Params, tokens_bt: jax.Array, *, config: ModelConfig,
     if cache is not None:
       prior = jnp.sum(cache.segment_bs != 0, axis=-1, keepdims=True).astype(jnp.int32)
       positions = positions + prior
-  out, new_cache = Decoder(config, remat=remat, attention=attention_impl,
-                           remat_policy=remat_policy, scan_layers=scan_layers).apply(
-      {"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden)
+  out, new_cache = Decoder(
+    config,
+    remat=remat,
+    attention=attention_impl,
+    remat_policy=remat_policy,
+    scan_layers=scan_layers,
+  ).apply({"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden)
   return out if cache is None else (out, new_cache)
 
 
 def _abstract_init(config: ModelConfig, param_dtype):
   model = Decoder(config, param_dtype=param_dtype)
   tokens = jnp.zeros((1, 1), jnp.int32)
-  return functools.partial(model.init, tokens_bt=tokens, positions_bt=tokens,
-                           segment_bt=tokens)
+  return functools.partial(model.init, tokens_bt=tokens, positions_bt=tokens, segment_bt=tokens)
 
 
 def init_boxed(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32):

@@ -48,23 +48,23 @@ class KeyRule:
 
 _L = "model.layers.{i}."
 KEY_TABLE: tuple[KeyRule, ...] = (
-    KeyRule("model.embed_tokens.weight", ("embedding",)),
-    KeyRule(_L + "self_attn.q_proj.weight", ("layers", "attn", "q_kernel"), "in"),
-    KeyRule(_L + "self_attn.k_proj.weight", ("layers", "attn", "k_kernel"), "in"),
-    KeyRule(_L + "self_attn.v_proj.weight", ("layers", "attn", "v_kernel"), "in"),
-    KeyRule(_L + "self_attn.q_proj.bias", ("layers", "attn", "q_bias"), "flat"),
-    KeyRule(_L + "self_attn.k_proj.bias", ("layers", "attn", "k_bias"), "flat"),
-    KeyRule(_L + "self_attn.v_proj.bias", ("layers", "attn", "v_bias"), "flat"),
-    KeyRule(_L + "self_attn.o_proj.weight", ("layers", "attn", "o_kernel"), "out"),
-    KeyRule(_L + "self_attn.q_norm.weight", ("layers", "attn", "q_norm", "scale")),
-    KeyRule(_L + "self_attn.k_norm.weight", ("layers", "attn", "k_norm", "scale")),
-    KeyRule(_L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_kernel"), "in"),
-    KeyRule(_L + "mlp.up_proj.weight", ("layers", "mlp", "up_kernel"), "in"),
-    KeyRule(_L + "mlp.down_proj.weight", ("layers", "mlp", "down_kernel"), "in"),
-    KeyRule(_L + "input_layernorm.weight", ("layers", "input_norm", "scale")),
-    KeyRule(_L + "post_attention_layernorm.weight", ("layers", "post_attn_norm", "scale")),
-    KeyRule("model.norm.weight", ("final_norm", "scale")),
-    KeyRule("lm_head.weight", ("lm_head",), "in"),
+  KeyRule("model.embed_tokens.weight", ("embedding",)),
+  KeyRule(_L + "self_attn.q_proj.weight", ("layers", "attn", "q_kernel"), "in"),
+  KeyRule(_L + "self_attn.k_proj.weight", ("layers", "attn", "k_kernel"), "in"),
+  KeyRule(_L + "self_attn.v_proj.weight", ("layers", "attn", "v_kernel"), "in"),
+  KeyRule(_L + "self_attn.q_proj.bias", ("layers", "attn", "q_bias"), "flat"),
+  KeyRule(_L + "self_attn.k_proj.bias", ("layers", "attn", "k_bias"), "flat"),
+  KeyRule(_L + "self_attn.v_proj.bias", ("layers", "attn", "v_bias"), "flat"),
+  KeyRule(_L + "self_attn.o_proj.weight", ("layers", "attn", "o_kernel"), "out"),
+  KeyRule(_L + "self_attn.q_norm.weight", ("layers", "attn", "q_norm", "scale")),
+  KeyRule(_L + "self_attn.k_norm.weight", ("layers", "attn", "k_norm", "scale")),
+  KeyRule(_L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_kernel"), "in"),
+  KeyRule(_L + "mlp.up_proj.weight", ("layers", "mlp", "up_kernel"), "in"),
+  KeyRule(_L + "mlp.down_proj.weight", ("layers", "mlp", "down_kernel"), "in"),
+  KeyRule(_L + "input_layernorm.weight", ("layers", "input_norm", "scale")),
+  KeyRule(_L + "post_attention_layernorm.weight", ("layers", "post_attn_norm", "scale")),
+  KeyRule("model.norm.weight", ("final_norm", "scale")),
+  KeyRule("lm_head.weight", ("lm_head",), "in"),
 )
 
 
@@ -158,13 +158,16 @@ class _TensorSource:
     if key not in f.keys():
       raise CheckpointError(f"missing tensor {key!r} in {f.path}")
     if f.shape(key) != tuple(expected_shape):
-      raise CheckpointError(f"tensor {key!r}: shape {f.shape(key)} in checkpoint, "
-                            f"expected {tuple(expected_shape)} from config")
+      raise CheckpointError(
+        f"tensor {key!r}: shape {f.shape(key)} in checkpoint, "
+        f"expected {tuple(expected_shape)} from config"
+      )
     return f.get(key)
 
 
-def _read_param(src: _TensorSource, rule: KeyRule, leaf, config: ModelConfig,
-                np_dtype) -> np.ndarray:
+def _read_param(
+  src: _TensorSource, rule: KeyRule, leaf, config: ModelConfig, np_dtype
+) -> np.ndarray:
   if not rule.per_layer:
     w = src.get(rule.hf, _hf_shape(rule.layout, leaf.shape))
     return _to_ours(w, rule.layout, leaf.shape).astype(np_dtype)
@@ -176,8 +179,13 @@ def _read_param(src: _TensorSource, rule: KeyRule, leaf, config: ModelConfig,
   return out
 
 
-def load_hf(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None,
-            rules=None, progress: bool = False):
+def load_hf(
+  path: str,
+  dtype=jnp.float32,
+  mesh: jax.sharding.Mesh | None = None,
+  rules=None,
+  progress: bool = False,
+):
   """Reads an HF directory -> (ModelConfig, params), one parameter at a time.
 
   With `mesh`, each parameter is placed on the sharding its logical axes get
@@ -195,6 +203,7 @@ def load_hf(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None,
   items = active_rules(config)
   if progress:
     from tqdm import tqdm
+
     items = tqdm(items, desc=f"load {os.path.basename(path)}", unit="param")
   for rule, leaf in items:
     host = _read_param(src, rule, leaf, config, np_dtype)
@@ -208,11 +217,12 @@ def load_hf(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None,
 
 
 # ------------------------------------------------------------------- writing
-to_host = sharding.to_host   # kept importable from here
+to_host = sharding.to_host  # kept importable from here
 
 
-def hf_tensors(config: ModelConfig, params, untie_embeddings: bool = False
-               ) -> Iterator[tuple[str, np.ndarray]]:
+def hf_tensors(
+  config: ModelConfig, params, untie_embeddings: bool = False
+) -> Iterator[tuple[str, np.ndarray]]:
   """Yields (HF key, numpy array) for every tensor of the checkpoint.
 
   untie_embeddings: for a tied model, also yield `lm_head.weight` (a copy of the
@@ -227,8 +237,10 @@ def hf_tensors(config: ModelConfig, params, untie_embeddings: bool = False
     if value is None:
       raise CheckpointError(f"params: missing {'/'.join(rule.path)} (HF {rule.hf!r})")
     if tuple(value.shape) != tuple(leaf.shape):
-      raise CheckpointError(f"params: {'/'.join(rule.path)} has shape {tuple(value.shape)}, "
-                            f"config needs {tuple(leaf.shape)}")
+      raise CheckpointError(
+        f"params: {'/'.join(rule.path)} has shape {tuple(value.shape)}, "
+        f"config needs {tuple(leaf.shape)}"
+      )
     host = to_host(value)
     if rule.per_layer:
       for i in range(config.num_layers):
@@ -237,8 +249,16 @@ def hf_tensors(config: ModelConfig, params, untie_embeddings: bool = False
       yield rule.hf, _to_hf(host, rule.layout)
 
 
-def save_hf(path: str, config: ModelConfig, params, tokenizer=None, *,
-            dtype=None, max_shard_bytes: int = 4 << 30, untie_embeddings: bool = False) -> str:
+def save_hf(
+  path: str,
+  config: ModelConfig,
+  params,
+  tokenizer=None,
+  *,
+  dtype=None,
+  max_shard_bytes: int = 4 << 30,
+  untie_embeddings: bool = False,
+) -> str:
   """Writes config.json + safetensors (sharded past `max_shard_bytes`) (+ tokenizer).
 
   dtype: dtype of the written tensors (default: that of the params).
@@ -272,7 +292,8 @@ def save_hf(path: str, config: ModelConfig, params, tokenizer=None, *,
     return path
   first = next(iter(shards[0].values()))
   dtype_name = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}.get(
-      first.dtype, "bfloat16")
+    first.dtype, "bfloat16"
+  )
   for stale in os.listdir(path):
     if stale.startswith("model") and (stale.endswith(".safetensors") or stale.endswith(".json")):
       os.remove(os.path.join(path, stale))
@@ -302,4 +323,5 @@ def _wait_for_writer(path: str) -> None:
   """Multi-host: every process leaves save_hf once process 0 has written `path`."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(f"save_hf {path}")

@@ -30,17 +30,20 @@ def resolve(path: str, field: str = "model.path") -> str:
 def _from_hub(repo_id: str, field: str) -> str:
   from huggingface_hub import constants, snapshot_download
   from huggingface_hub.errors import LocalEntryNotFoundError
+
   try:
     return snapshot_download(repo_id, local_files_only=True)
   except LocalEntryNotFoundError:
     if constants.HF_HUB_OFFLINE:
       raise FileNotFoundError(
-          f"{field}: hub id {repo_id} is not in the HF cache ({constants.HF_HUB_CACHE}) and "
-          "HF_HUB_OFFLINE is set; download it where the hub is reachable "
-          f"(huggingface-cli download {repo_id}) or give its directory") from None
+        f"{field}: hub id {repo_id} is not in the HF cache ({constants.HF_HUB_CACHE}) and "
+        "HF_HUB_OFFLINE is set; download it where the hub is reachable "
+        f"(huggingface-cli download {repo_id}) or give its directory"
+      ) from None
   try:
     return snapshot_download(repo_id, etag_timeout=10)
-  except Exception as e:   # noqa: BLE001 - network, auth and missing repos all end here
+  except Exception as e:  # noqa: BLE001 - network, auth and missing repos all end here
     reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-    raise FileNotFoundError(f"{field}: could not fetch hub id {repo_id} ({reason}); give a "
-                            "local HF directory instead") from None
+    raise FileNotFoundError(
+      f"{field}: could not fetch hub id {repo_id} ({reason}); give a local HF directory instead"
+    ) from None

@@ -52,8 +52,8 @@ def _matmul_fwd(x, w, f32_out):
 def _matmul_bwd(f32_out, res, g):
   x_t, w = res
   g = g.astype(x_t.dtype)
-  dx = _acc32(g, w, ((1,), (1,))).astype(x_t.dtype)      # g @ w^T
-  dw = _acc32(x_t, g, ((1,), (0,))).astype(w.dtype)      # x^T @ g
+  dx = _acc32(g, w, ((1,), (1,))).astype(x_t.dtype)  # g @ w^T
+  dw = _acc32(x_t, g, ((1,), (0,))).astype(w.dtype)  # x^T @ g
   return dx, dw
 
 

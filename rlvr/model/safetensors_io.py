@@ -15,9 +15,16 @@ import numpy as np
 from rlvr import fileio
 
 _DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-    "BOOL": np.bool_,
+  "F64": np.float64,
+  "F32": np.float32,
+  "F16": np.float16,
+  "BF16": ml_dtypes.bfloat16,
+  "I64": np.int64,
+  "I32": np.int32,
+  "I16": np.int16,
+  "I8": np.int8,
+  "U8": np.uint8,
+  "BOOL": np.bool_,
 }
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
@@ -47,7 +54,7 @@ class SafetensorsFile:
     if self._mm is None:
       self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
     start, end = info["data_offsets"]
-    raw = self._mm[self._data_start + start:self._data_start + end]
+    raw = self._mm[self._data_start + start : self._data_start + end]
     return raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
 
 
@@ -59,8 +66,11 @@ def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict | None =
     arr = np.ascontiguousarray(arr)
     if arr.dtype not in _NAMES:
       raise ValueError(f"tensor {key!r}: dtype {arr.dtype} cannot be written to safetensors")
-    header[key] = {"dtype": _NAMES[arr.dtype], "shape": list(arr.shape),
-                   "data_offsets": [offset, offset + arr.nbytes]}
+    header[key] = {
+      "dtype": _NAMES[arr.dtype],
+      "shape": list(arr.shape),
+      "data_offsets": [offset, offset + arr.nbytes],
+    }
     offset += arr.nbytes
     arrays[key] = arr
   header["__metadata__"] = {"format": "pt", **(metadata or {})}

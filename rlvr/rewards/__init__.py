@@ -15,16 +15,26 @@ the scores.
 from rlvr.rewards.config import RewardConfig, ScoreResult
 from rlvr.rewards.equivalence import clean_latex, is_equivalent, is_well_formed, normalize_integer
 from rlvr.rewards.extraction import (
-                                     EXTRACTIONS,
-                                     after_thinking,
-                                     extract_answer,
-                                     extract_answer_line,
-                                     extract_boxed,
+  EXTRACTIONS,
+  after_thinking,
+  extract_answer,
+  extract_answer_line,
+  extract_boxed,
 )
 from rlvr.rewards.pool import RewardPool, score
 
 __all__ = [
-    "EXTRACTIONS", "RewardConfig", "RewardPool", "ScoreResult", "after_thinking", "clean_latex",
-    "extract_answer", "extract_answer_line", "extract_boxed", "is_equivalent", "is_well_formed",
-    "normalize_integer", "score",
+  "EXTRACTIONS",
+  "RewardConfig",
+  "RewardPool",
+  "ScoreResult",
+  "after_thinking",
+  "clean_latex",
+  "extract_answer",
+  "extract_answer_line",
+  "extract_boxed",
+  "is_equivalent",
+  "is_well_formed",
+  "normalize_integer",
+  "score",
 ]

@@ -19,20 +19,28 @@ class RewardConfig:
     and only an integer final answer counts as well-formed.
   timeout_s: time one answer may spend in math-verify before it scores 0.
   """
+
   extraction: str = "boxed"
   integer_answers: bool = False
   timeout_s: float = 5.0
 
   def __post_init__(self):
     if self.extraction not in EXTRACTIONS:
-      raise ValueError(f"RewardConfig.extraction: unknown {self.extraction!r}; "
-                       f"expected one of {EXTRACTIONS}")
+      raise ValueError(
+        f"RewardConfig.extraction: unknown {self.extraction!r}; expected one of {EXTRACTIONS}"
+      )
     if not isinstance(self.integer_answers, bool):
       raise TypeError(f"RewardConfig.integer_answers: expected bool, got {self.integer_answers!r}")
-    if (isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float))
-        or not self.timeout_s > 0 or not math.isfinite(self.timeout_s)):
-      raise ValueError(f"RewardConfig.timeout_s: expected a positive finite number of seconds, "
-                       f"got {self.timeout_s!r}")
+    if (
+      isinstance(self.timeout_s, bool)
+      or not isinstance(self.timeout_s, (int, float))
+      or not self.timeout_s > 0
+      or not math.isfinite(self.timeout_s)
+    ):
+      raise ValueError(
+        f"RewardConfig.timeout_s: expected a positive finite number of seconds, "
+        f"got {self.timeout_s!r}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +52,7 @@ class ScoreResult:
   (correct and well_formed False).
   timeouts / errors count those items.
   """
+
   rewards: np.ndarray
   correct: np.ndarray
   well_formed: np.ndarray

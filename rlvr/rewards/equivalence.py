@@ -34,7 +34,7 @@ def _unwrap_text(s: str) -> str:
     group = _braced_group(s, m.end())
     if group is None:
       break
-    out.append(s[pos:m.start()])
+    out.append(s[pos : m.start()])
     out.append(group[0])
     pos = group[1]
   out.append(s[pos:])
@@ -65,13 +65,16 @@ def normalize_integer(s: str) -> str | None:
   return str(int(t))
 
 
-_UNIT_WORDS = (r"(?:square|sq\.?|cubic)?\s*(?:units?|inch(?:es)?|in\.?|feet|foot|ft|yards?|"
-               r"miles?|meters?|metres?|cm|mm|km|m|centimeters?|kilometers?|seconds?|minutes?|"
-               r"hours?|days?|weeks?|years?|dollars?|cents?|degrees?|radians?|mph|pounds?|"
-               r"ounces?|cups?|gallons?|liters?|grams?|kg|people|students|ways|cookies|"
-               r"handshakes|games|points?|teams?)")
-_TEXT_UNIT_RE = re.compile(_TEXT_CMD + r"\s*\{\s*" + _UNIT_WORDS + r"\s*\}(\s*\^\s*\{?\d\}?)?",
-                           re.IGNORECASE)
+_UNIT_WORDS = (
+  r"(?:square|sq\.?|cubic)?\s*(?:units?|inch(?:es)?|in\.?|feet|foot|ft|yards?|"
+  r"miles?|meters?|metres?|cm|mm|km|m|centimeters?|kilometers?|seconds?|minutes?|"
+  r"hours?|days?|weeks?|years?|dollars?|cents?|degrees?|radians?|mph|pounds?|"
+  r"ounces?|cups?|gallons?|liters?|grams?|kg|people|students|ways|cookies|"
+  r"handshakes|games|points?|teams?)"
+)
+_TEXT_UNIT_RE = re.compile(
+  _TEXT_CMD + r"\s*\{\s*" + _UNIT_WORDS + r"\s*\}(\s*\^\s*\{?\d\}?)?", re.IGNORECASE
+)
 _MATRIX_ROW_RE = re.compile(r"(?<!\\)\\(?=\s*[-+\d.])")
 _MATRIX_ENV_RE = re.compile(r"(\\begin\{[pbvBV]?matrix\})(.*?)(\\end\{[pbvBV]?matrix\})", re.DOTALL)
 
@@ -79,7 +82,8 @@ _MATRIX_ENV_RE = re.compile(r"(\\begin\{[pbvBV]?matrix\})(.*?)(\\end\{[pbvBV]?ma
 def _fix_matrix_rows(s: str) -> str:
   r"""`\begin{pmatrix}1\2\end{pmatrix}` -> rows split by `\\` (a lost backslash in MATH golds)."""
   return _MATRIX_ENV_RE.sub(
-      lambda m: m.group(1) + _MATRIX_ROW_RE.sub(r"\\\\", m.group(2)) + m.group(3), s)
+    lambda m: m.group(1) + _MATRIX_ROW_RE.sub(r"\\\\", m.group(2)) + m.group(3), s
+  )
 
 
 def clean_latex(s: str, unit_power: bool = True) -> str:
@@ -112,7 +116,7 @@ def _squash(s: str) -> str:
 def _as_words(s: str) -> str | None:
   r"""Lower-case words of a text answer (`\text{(C) Evelyn}` -> `(c)evelyn`), None for maths."""
   t = re.sub(r"\\[,;:! ]|~", " ", _unwrap_text(s).replace("$", "")).strip().rstrip(".")
-  choice = re.match(r"^\(?([A-Za-z])\)?$", t)        # multiple choice: (C) / C
+  choice = re.match(r"^\(?([A-Za-z])\)?$", t)  # multiple choice: (C) / C
   if choice:
     return choice.group(1).lower()
   if "\\" in t or not re.search(r"[A-Za-z]{2,}", t):
@@ -124,6 +128,7 @@ def _as_words(s: str) -> str | None:
 # Equivalence
 # ----------------------------------------------------------------------------
 
+
 def _quick_verdict(pred: str | None, gold: str, integer_answers: bool) -> bool | None:
   """Decision without sympy where strings settle it; None means "ask math-verify"."""
   if not pred:
@@ -133,12 +138,12 @@ def _quick_verdict(pred: str | None, gold: str, integer_answers: bool) -> bool |
   gold_int = normalize_integer(gold)
   if gold_int is not None:
     pred_int = normalize_integer(pred)
-    if integer_answers or pred_int is not None:   # two integers: equal or not, no sympy needed
+    if integer_answers or pred_int is not None:  # two integers: equal or not, no sympy needed
       return pred_int == gold_int
   return None
 
 
-_PARSED: collections.OrderedDict = collections.OrderedDict()   # per process: latex -> parse
+_PARSED: collections.OrderedDict = collections.OrderedDict()  # per process: latex -> parse
 _PARSED_MAX = 4096
 
 
@@ -152,6 +157,7 @@ def _mv_parse(latex: str, timeout: int):
     _PARSED.move_to_end(latex)
     return _PARSED[latex]
   from math_verify import parse
+
   for wrapped in (f"\\boxed{{{latex}}}", f"${latex}$"):
     parsed = parse(wrapped, parsing_timeout=timeout)
     if parsed:
@@ -162,8 +168,9 @@ def _mv_parse(latex: str, timeout: int):
   return []
 
 
-def is_equivalent(pred: str, gold: str, integer_answers: bool = False,
-                  timeout_s: float = 5.0) -> bool:
+def is_equivalent(
+  pred: str, gold: str, integer_answers: bool = False, timeout_s: float = 5.0
+) -> bool:
   r"""Whether answer `pred` means the same as reference `gold` (both bare LaTeX).
 
   Strings first (identical, integer-normalised, cleaned, or the same words
@@ -183,6 +190,7 @@ def is_equivalent(pred: str, gold: str, integer_answers: bool = False,
   if gold_words is not None and any(_as_words(p) == gold_words for p in [pred, *preds]):
     return True
   from math_verify import verify
+
   deadline = time.monotonic() + timeout_s
 
   def budget() -> int | None:

@@ -34,7 +34,7 @@ def _braced_group(text: str, start: int) -> tuple[str, int] | None:
     elif ch == "}":
       depth -= 1
       if depth == 0:
-        return text[start + 1:i], i + 1
+        return text[start + 1 : i], i + 1
     i += 1
   return None
 
@@ -54,14 +54,15 @@ def extract_boxed(text: str) -> str | None:
   if stripped.startswith("{"):
     group = _braced_group(text, len(text) - len(stripped))
     return None if group is None else group[0].strip()
-  if rest < len(text) and text[rest] in " \t":   # `\boxed 5`: one token
+  if rest < len(text) and text[rest] in " \t":  # `\boxed 5`: one token
     token = re.match(r"[^\s$]+", stripped)
     return token.group(0).rstrip(".,;") if token else None
   return None
 
 
-_ANSWER_LINE_RE = re.compile(r"^[ \t>#*_]*answer[ \t*_]*:[ \t*_]*(.*?)[ \t*_]*$",
-                             re.IGNORECASE | re.MULTILINE)
+_ANSWER_LINE_RE = re.compile(
+  r"^[ \t>#*_]*answer[ \t*_]*:[ \t*_]*(.*?)[ \t*_]*$", re.IGNORECASE | re.MULTILINE
+)
 
 
 def extract_answer_line(text: str) -> str | None:
@@ -88,7 +89,7 @@ def extract_answer_line(text: str) -> str | None:
 def after_thinking(text: str) -> str:
   """Text after the last `</think>`: reasoning models may box drafts while thinking."""
   cut = text.rfind(_THINK_END)
-  return text if cut < 0 else text[cut + len(_THINK_END):]
+  return text if cut < 0 else text[cut + len(_THINK_END) :]
 
 
 def extract_answer(text: str, mode: str = "boxed") -> str | None:

@@ -58,11 +58,12 @@ def _worker_main(conn, judge: Callable) -> None:
   One message per item lets the parent see which item is running, so a hang
   is pinned on the right item and the rest of the chunk is re-queued.
   """
-  signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
   # Timeouts come back as counts in ScoreResult; math-verify's per-item warnings would flood logs.
   logging.getLogger("math_verify").setLevel(logging.ERROR)
   import math_verify  # noqa: F401 - imported before "ready", so no item pays for it
-  conn.send(None)                                  # started: later deaths are the items' doing
+
+  conn.send(None)  # started: later deaths are the items' doing
   while True:
     try:
       msg = conn.recv()
@@ -78,7 +79,7 @@ def _worker_main(conn, judge: Callable) -> None:
       except Exception:  # noqa: BLE001 - any failure of one answer scores it 0
         status = _ERROR
       if status == _WRONG and time.monotonic() - start >= timeout_s:
-        status = _TIMEOUT                            # math-verify's own alarm cut it short
+        status = _TIMEOUT  # math-verify's own alarm cut it short
       conn.send((key, status))
 
 
@@ -88,8 +89,8 @@ class _Worker:
   conn: multiprocessing.connection.Connection
   chunk: list = dataclasses.field(default_factory=list)
   done: int = 0
-  since: float = 0.0                                 # when the current item started
-  ready: bool = False                                # its start-up message has arrived
+  since: float = 0.0  # when the current item started
+  ready: bool = False  # its start-up message has arrived
 
 
 class RewardPool:
@@ -109,13 +110,20 @@ class RewardPool:
   One `score` call at a time (calls are serialised by a lock).
   """
 
-  def __init__(self, workers: int = 2, timeout_s: float | None = None, grace_s: float = 2.0,
-               judge: Callable = is_equivalent, start_method: str = "forkserver"):
+  def __init__(
+    self,
+    workers: int = 2,
+    timeout_s: float | None = None,
+    grace_s: float = 2.0,
+    judge: Callable = is_equivalent,
+    start_method: str = "forkserver",
+  ):
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
       raise ValueError(f"RewardPool.workers: expected an int >= 1, got {workers!r}")
     if timeout_s is not None and not (timeout_s > 0 and math.isfinite(timeout_s)):
-      raise ValueError(f"RewardPool.timeout_s: expected None or positive seconds, "
-                       f"got {timeout_s!r}")
+      raise ValueError(
+        f"RewardPool.timeout_s: expected None or positive seconds, got {timeout_s!r}"
+      )
     if not grace_s >= 0:
       raise ValueError(f"RewardPool.grace_s: expected seconds >= 0, got {grace_s!r}")
     self.timeout_s = timeout_s
@@ -127,13 +135,14 @@ class RewardPool:
       self._ctx.set_forkserver_preload(["rlvr.rewards.pool", "math_verify"])
     self._lock = threading.Lock()
     self._closed = False
-    self.restarts = 0                                # workers replaced after a hang or a death
+    self.restarts = 0  # workers replaced after a hang or a death
     self._workers = [self._start_worker() for _ in range(workers)]
 
   def _start_worker(self) -> _Worker:
     parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-    process = self._ctx.Process(target=_worker_main, args=(child_conn, self._judge),
-                                daemon=True, name="rlvr-reward-worker")
+    process = self._ctx.Process(
+      target=_worker_main, args=(child_conn, self._judge), daemon=True, name="rlvr-reward-worker"
+    )
     process.start()
     child_conn.close()
     return _Worker(process, parent_conn)
@@ -172,8 +181,9 @@ class RewardPool:
         w.process.join(timeout=5)
       w.conn.close()
 
-  def score(self, responses: Sequence[str], answers: Sequence[str],
-            config: RewardConfig = RewardConfig()) -> ScoreResult:
+  def score(
+    self, responses: Sequence[str], answers: Sequence[str], config: RewardConfig = RewardConfig()
+  ) -> ScoreResult:
     """Rewards of `responses` against reference `answers` (same length)."""
     golds = _check_inputs(responses, answers)
     extracted = [extract_answer(r, config.extraction) for r in responses]
@@ -199,9 +209,14 @@ class RewardPool:
         errors += len(rows) * (status == _ERROR)
     well_formed &= ~failed
     rewards = correct.astype(np.float32)
-    return ScoreResult(rewards=rewards.astype(np.float32), correct=correct,
-                       well_formed=well_formed, extracted=extracted,
-                       timeouts=int(timeouts), errors=int(errors))
+    return ScoreResult(
+      rewards=rewards.astype(np.float32),
+      correct=correct,
+      well_formed=well_formed,
+      extracted=extracted,
+      timeouts=int(timeouts),
+      errors=int(errors),
+    )
 
   def _run(self, keys: list[tuple[str, str]], config: RewardConfig) -> dict:
     """Statuses of (pred, gold) jobs, keyed by job; survives hung and dead workers."""
@@ -214,8 +229,8 @@ class RewardPool:
           self._dispatch(batch, config)
           self._collect(batch, (self.timeout_s or config.timeout_s) + self.grace_s)
       except BaseException:
-        for i in list(batch.busy):                    # their late results must not leak into
-          self._replace(i)                            # the next call
+        for i in list(batch.busy):  # their late results must not leak into
+          self._replace(i)  # the next call
         raise
       return {keys[j]: status for j, status in batch.statuses.items()}
 
@@ -265,9 +280,10 @@ class RewardPool:
       return
     w.process.join(timeout=5)
     raise RuntimeError(
-        f"RewardPool: a worker died while starting (exit code {w.process.exitcode}); see its "
-        "stderr. A script that creates a pool must guard its entry point with "
-        "`if __name__ == '__main__':` (workers re-import the main module).")
+      f"RewardPool: a worker died while starting (exit code {w.process.exitcode}); see its "
+      "stderr. A script that creates a pool must guard its entry point with "
+      "`if __name__ == '__main__':` (workers re-import the main module)."
+    )
 
   def _fail_current(self, batch: _Batch, i: int, status: int) -> None:
     """Scores worker i's running item `status`, re-queues the rest of its chunk, replaces it."""
@@ -277,7 +293,7 @@ class RewardPool:
     if i in batch.busy:
       batch.statuses[w.chunk[w.done][0]] = status
       if w.done + 1 < len(w.chunk):
-        batch.pending.appendleft(w.chunk[w.done + 1:])
+        batch.pending.appendleft(w.chunk[w.done + 1 :])
       batch.busy.discard(i)
     self._replace(i)
 
@@ -286,8 +302,9 @@ class RewardPool:
     busy = sorted(batch.busy)
     if not busy:
       return
-    deadline = lambda i: self._workers[i].since + (limit_s if self._workers[i].ready
-                                                   else _STARTUP_LIMIT_S)
+    deadline = lambda i: (
+      self._workers[i].since + (limit_s if self._workers[i].ready else _STARTUP_LIMIT_S)
+    )
     wait_s = max(0.0, min(deadline(i) for i in busy) - time.monotonic())
     conns = {self._workers[i].conn: i for i in busy}
     sentinels = {self._workers[i].process.sentinel: i for i in busy}
@@ -309,13 +326,17 @@ class _Batch:
     size = max(1, min(256, math.ceil(len(keys) / (4 * workers))))
     # Sorted by gold: a worker then meets each gold in a run and parses it once.
     items = sorted(((j, pred, gold) for j, (pred, gold) in enumerate(keys)), key=lambda x: x[2])
-    self.pending = collections.deque(items[k:k + size] for k in range(0, len(items), size))
+    self.pending = collections.deque(items[k : k + size] for k in range(0, len(items), size))
     self.busy: set[int] = set()
     self.statuses: dict[int, int] = {}
 
 
-def score(responses: Sequence[str], answers: Sequence[str], config: RewardConfig = RewardConfig(),
-          pool: RewardPool | None = None) -> ScoreResult:
+def score(
+  responses: Sequence[str],
+  answers: Sequence[str],
+  config: RewardConfig = RewardConfig(),
+  pool: RewardPool | None = None,
+) -> ScoreResult:
   """`pool.score(...)`, or with a temporary pool (seconds to start: keep one in a loop)."""
   if pool is not None:
     return pool.score(responses, answers, config)

@@ -36,19 +36,30 @@ class Assistant:
   its message goes to `on_error`. The API key is `api_key`, else `$VLLM_API_KEY`.
   """
 
-  def __init__(self, url: str, model: str, *, api_key: str | None = None,
-               temperature: float = 0.1, top_p: float = 0.7, max_tokens: int = 4096,
-               timeout_s: float = 600.0, retries: int = 3, concurrency: int = 16,
-               backoff_s: float = 1.0):
+  def __init__(
+    self,
+    url: str,
+    model: str,
+    *,
+    api_key: str | None = None,
+    temperature: float = 0.1,
+    top_p: float = 0.7,
+    max_tokens: int = 4096,
+    timeout_s: float = 600.0,
+    retries: int = 3,
+    concurrency: int = 16,
+    backoff_s: float = 1.0,
+  ):
     base = url.rstrip("/")
     self.base = base[:-3] if base.endswith("/v1") else base
     self.model = model
     self.sampling = dict(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
     self.timeout_s, self.concurrency = timeout_s, concurrency
-    self.mode = "chat"                 # "completions" once the model proves to have no template
-    self.refused = 0                   # 400/413/422 answers
-    self.http = http.Client(api_key=api_key, timeout_s=timeout_s, retries=retries,
-                            backoff_s=backoff_s)
+    self.mode = "chat"  # "completions" once the model proves to have no template
+    self.refused = 0  # 400/413/422 answers
+    self.http = http.Client(
+      api_key=api_key, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s
+    )
     self._lock = threading.Lock()
     self._pool: cf.ThreadPoolExecutor | None = None
 
@@ -70,17 +81,19 @@ class Assistant:
     try:
       served = [m["id"] for m in r.json()["data"]]
     except (ValueError, KeyError, TypeError):
-      return   # a server without a standard model list; requests will tell
+      return  # a server without a standard model list; requests will tell
     if self.model not in served:
-      raise AssistantError(f"{url}: no model {self.model!r} (served: {', '.join(served)}); "
-                           "pass --model")
+      raise AssistantError(
+        f"{url}: no model {self.model!r} (served: {', '.join(served)}); pass --model"
+      )
     # A refusal of a one-line prompt is about the settings (e.g. max_tokens beyond the
     # served context), not about one composition: stop before rejecting them all.
     try:
       self._ask("Reply with the word OK.")
     except _BadRequest as e:
-      raise AssistantError(f"{self.base} refuses even a one-line prompt with these sampling "
-                           f"settings: {e}") from None
+      raise AssistantError(
+        f"{self.base} refuses even a one-line prompt with these sampling settings: {e}"
+      ) from None
 
   def _post(self, endpoint: str, payload: dict, kind: str) -> str:
     """The text of one answer (a `kind` = "chat" | "completions" request)."""
@@ -96,26 +109,32 @@ class Assistant:
     except http.Stopped as e:
       raise AssistantError(str(e)) from None
     except http.RetriesExhausted as e:
-      raise AssistantError(f"{url}: failed after {len(e.failures)} tries: "
-                           f"{e.failures[-1].detail}") from None
+      raise AssistantError(
+        f"{url}: failed after {len(e.failures)} tries: {e.failures[-1].detail}"
+      ) from None
 
   def _ask(self, prompt: str) -> str:
     """One completion; _BadRequest when the server refuses it."""
     if self.mode == "chat":
       try:
-        return self._post("/v1/chat/completions", dict(
-            model=self.model, messages=[{"role": "user", "content": prompt}], **self.sampling),
-            "chat")
+        return self._post(
+          "/v1/chat/completions",
+          dict(model=self.model, messages=[{"role": "user", "content": prompt}], **self.sampling),
+          "chat",
+        )
       except _BadRequest as e:
         if "chat template" not in str(e).lower() and "chat_template" not in str(e).lower():
           raise
         with self._lock:
           if self.mode == "chat":
             self.mode = "completions"
-            sys.stderr.write(f"assistant {self.base}: the model has no chat template; "
-                             "sending raw prompts to /v1/completions\n")
-    return self._post("/v1/completions", dict(model=self.model, prompt=prompt, **self.sampling),
-                      "completions")
+            sys.stderr.write(
+              f"assistant {self.base}: the model has no chat template; "
+              "sending raw prompts to /v1/completions\n"
+            )
+    return self._post(
+      "/v1/completions", dict(model=self.model, prompt=prompt, **self.sampling), "completions"
+    )
 
   def complete_one(self, prompt: str, on_error: Callable[[str], None] | None = None) -> str:
     try:
@@ -125,14 +144,17 @@ class Assistant:
         self.refused += 1
         first = self.refused == 1
       if first:
-        sys.stderr.write(f"assistant {self.base} refused a request ({e}); its "
-                         "answer is empty (the caller rejects it)\n")
+        sys.stderr.write(
+          f"assistant {self.base} refused a request ({e}); its "
+          "answer is empty (the caller rejects it)\n"
+        )
       if on_error:
         on_error(str(e))
       return ""
 
-  def complete(self, prompts: Sequence[str],
-               on_error: Callable[[str], None] | None = None) -> list[str]:
+  def complete(
+    self, prompts: Sequence[str], on_error: Callable[[str], None] | None = None
+  ) -> list[str]:
     """Texts for prompts, in order; a batch runs `concurrency` requests at a time."""
     if len(prompts) <= 1:
       return [self.complete_one(p, on_error) for p in prompts]

@@ -12,17 +12,17 @@ SYNC_DTYPES = ("bfloat16", "float16", "float32")
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-  kind: str = "jax"                 # "jax" (in-process) or "vllm" (servers at urls)
-  urls: tuple[str, ...] = ()        # vLLM servers, each started (launch/serve_vllm.py) from an
-                                    # untied copy of the policy; "{process}" = process index
-  model: str = "policy"             # the servers' model name (serve_vllm --served_model_name)
-  sync_dtype: str = "bfloat16"      # dtype of the weights pushed to vLLM
-  max_concurrency: int = 64         # in-flight requests per process
-  request_timeout_s: float = 1800.0   # one try of a request (n samples of one prompt)
-  retries: int = 3                  # more tries of a timed-out/refused/5xx/aborted request
-  backoff_s: float = 1.0            # wait before the first retry, doubling after each
-  api_key: str = ""                 # servers bound beyond loopback (serve_vllm --api_key);
-                                    # "" = the VLLM_API_KEY environment variable
+  kind: str = "jax"  # "jax" (in-process) or "vllm" (servers at urls)
+  urls: tuple[str, ...] = ()  # vLLM servers, each started (launch/serve_vllm.py) from an
+  # untied copy of the policy; "{process}" = process index
+  model: str = "policy"  # the servers' model name (serve_vllm --served_model_name)
+  sync_dtype: str = "bfloat16"  # dtype of the weights pushed to vLLM
+  max_concurrency: int = 64  # in-flight requests per process
+  request_timeout_s: float = 1800.0  # one try of a request (n samples of one prompt)
+  retries: int = 3  # more tries of a timed-out/refused/5xx/aborted request
+  backoff_s: float = 1.0  # wait before the first retry, doubling after each
+  api_key: str = ""  # servers bound beyond loopback (serve_vllm --api_key);
+  # "" = the VLLM_API_KEY environment variable
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -34,4 +34,3 @@ class SamplerConfig:
     if self.max_concurrency < 1:
       raise ValueError(f"max_concurrency: must be >= 1, got {self.max_concurrency}")
     check_retry_settings(self.request_timeout_s, self.retries, self.backoff_s)
-

@@ -40,16 +40,26 @@ def retryable(status: int) -> bool:
   return status in (408, 429) or status >= 500
 
 
-def check_retry_settings(request_timeout_s: float, retries: int, backoff_s: float,
-                         prefix: str = "") -> None:
+def check_retry_settings(
+  request_timeout_s: float, retries: int, backoff_s: float, prefix: str = ""
+) -> None:
   """Raises ValueError naming the first bad setting (`prefix` + its name)."""
   number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
   for name, value, ok, need in (
-      ("request_timeout_s", request_timeout_s, number(request_timeout_s)
-       and request_timeout_s > 0, "a number > 0"),
-      ("retries", retries, number(retries) and isinstance(retries, int) and retries >= 0,
-       "an int >= 0"),
-      ("backoff_s", backoff_s, number(backoff_s) and backoff_s >= 0, "a number >= 0")):
+    (
+      "request_timeout_s",
+      request_timeout_s,
+      number(request_timeout_s) and request_timeout_s > 0,
+      "a number > 0",
+    ),
+    (
+      "retries",
+      retries,
+      number(retries) and isinstance(retries, int) and retries >= 0,
+      "an int >= 0",
+    ),
+    ("backoff_s", backoff_s, number(backoff_s) and backoff_s >= 0, "a number >= 0"),
+  ):
     if not ok:
       raise ValueError(f"{prefix}{name}: must be {need}, got {value!r}")
 
@@ -75,6 +85,7 @@ def server_message(r: requests.Response) -> str:
 class Failure:
   """One failed try: `kind` is "connection", "timeout", "status" or "aborted"; `label` is
   short ("ConnectionError", "HTTP 503", "aborted"), `detail` says more."""
+
   kind: str
   label: str
   detail: str
@@ -120,13 +131,20 @@ class Aborted(Exception):
 class Client:
   """Sessions, auth header and the retry policy for one caller (thread-safe)."""
 
-  def __init__(self, *, api_key: str | None = None, timeout_s: float = 600.0,
-               retries: int = 3, backoff_s: float = 1.0, max_backoff_s: float = MAX_BACKOFF_S):
+  def __init__(
+    self,
+    *,
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    retries: int = 3,
+    backoff_s: float = 1.0,
+    max_backoff_s: float = MAX_BACKOFF_S,
+  ):
     self.headers = auth_headers(resolve_api_key(api_key))
     self.timeout_s, self.retries = timeout_s, retries
     self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
-    self.attempts = 0                  # POST tries sent, over all threads
-    self.stopped = threading.Event()   # set by stop(): waits end, new tries are refused
+    self.attempts = 0  # POST tries sent, over all threads
+    self.stopped = threading.Event()  # set by stop(): waits end, new tries are refused
     self._lock = threading.Lock()
     self._local = threading.local()
 
@@ -144,8 +162,14 @@ class Client:
     """One GET with the auth header (no retries; requests' exceptions propagate)."""
     return self.session().get(url, headers=self.headers, timeout=timeout)
 
-  def post(self, url: str, payload: dict, *, timeout: float | None = None,
-           parse: Callable[[Any], Any] | None = None) -> Any:
+  def post(
+    self,
+    url: str,
+    payload: dict,
+    *,
+    timeout: float | None = None,
+    parse: Callable[[Any], Any] | None = None,
+  ) -> Any:
     """POST with the retry policy; the JSON body (None when empty), or what `parse`
     makes of it. Raises a RequestFailed (see the module docstring)."""
     timeout = timeout or self.timeout_s
@@ -163,8 +187,9 @@ class Client:
       failures.append(failure)
     raise RetriesExhausted(failures)
 
-  def _try(self, url: str, payload: dict, timeout: float,
-           parse: Callable[[Any], Any] | None) -> tuple[Failure | None, Any]:
+  def _try(
+    self, url: str, payload: dict, timeout: float, parse: Callable[[Any], Any] | None
+  ) -> tuple[Failure | None, Any]:
     """One try: (None, result), or (the Failure, None) when it is worth another."""
     try:
       r = self.session().post(url, json=payload, headers=self.headers, timeout=timeout)

@@ -41,14 +41,14 @@ def _row_keys(seeds_r: jax.Array, samples_r: jax.Array) -> jax.Array:
 
 @flax.struct.dataclass
 class _RowSettings:
-  temperature: jax.Array   # [R] f32; 0 = greedy
-  top_p: jax.Array         # [R] f32
-  top_k: jax.Array         # [R] i32; 0 = off
+  temperature: jax.Array  # [R] f32; 0 = greedy
+  top_p: jax.Array  # [R] f32
+  top_k: jax.Array  # [R] i32; 0 = off
   repetition_penalty: jax.Array  # [R] f32; 1 = off
-  keys: jax.Array          # [R, 2] u32 per-row PRNG keys
-  max_new: jax.Array       # [] i32
-  stop_ids: jax.Array      # [S] i32, padded with -1
-  live: jax.Array          # [R] bool; False for bucket filler rows
+  keys: jax.Array  # [R, 2] u32 per-row PRNG keys
+  max_new: jax.Array  # [] i32
+  stop_ids: jax.Array  # [S] i32, padded with -1
+  live: jax.Array  # [R] bool; False for bucket filler rows
 
 
 def filter_logits(logits_rv: jax.Array, temperature, top_k, top_p) -> jax.Array:
@@ -72,7 +72,7 @@ def filter_logits(logits_rv: jax.Array, temperature, top_k, top_p) -> jax.Array:
 def prompt_seen_mask(prompts_rp: jax.Array, valid_rp: jax.Array, vocab: int) -> jax.Array:
   """[R, vocab] bool: which token ids occur among each row's valid (non-padding) prompt tokens."""
   r = prompts_rp.shape[0]
-  idx = jnp.where(valid_rp, prompts_rp, vocab)   # padding goes out of range and is dropped
+  idx = jnp.where(valid_rp, prompts_rp, vocab)  # padding goes out of range and is dropped
   return jnp.zeros((r, vocab), bool).at[jnp.arange(r)[:, None], idx].set(True, mode="drop")
 
 
@@ -81,8 +81,9 @@ def mark_seen(seen_rv: jax.Array, tok_r: jax.Array) -> jax.Array:
   return seen_rv.at[jnp.arange(seen_rv.shape[0]), tok_r].set(True, mode="drop")
 
 
-def apply_repetition_penalty(logits_rv: jax.Array, seen_rv: jax.Array,
-                             penalty_r: jax.Array) -> jax.Array:
+def apply_repetition_penalty(
+  logits_rv: jax.Array, seen_rv: jax.Array, penalty_r: jax.Array
+) -> jax.Array:
   """vLLM's repetition penalty: seen tokens' logits scaled by 1/p when > 0, else by p.
 
   As vLLM computes it (multiplying by the float32 reciprocal, not dividing);
@@ -99,8 +100,9 @@ def _sample(logits_rv, s: _RowSettings, step, filtered: bool, seen_rv=None):
   raw_logp = jax.nn.log_softmax(logits, axis=-1)
   base = raw_logp
   if seen_rv is not None:
-    base = jax.nn.log_softmax(apply_repetition_penalty(logits, seen_rv, s.repetition_penalty),
-                              axis=-1)
+    base = jax.nn.log_softmax(
+      apply_repetition_penalty(logits, seen_rv, s.repetition_penalty), axis=-1
+    )
   greedy = jnp.argmax(base, axis=-1)
   if filtered:
     z = filter_logits(base, s.temperature, s.top_k, s.top_p)
@@ -112,22 +114,34 @@ def _sample(logits_rv, s: _RowSettings, step, filtered: bool, seen_rv=None):
   return tok, jnp.take_along_axis(raw_logp, tok[:, None], axis=-1)[:, 0]
 
 
-def _generate(params, prompts_up, prompt_seg_up, row_prompt_r, settings: _RowSettings, *,
-              config: ModelConfig, max_new_bucket: int, filtered: bool, penalized: bool):
+def _generate(
+  params,
+  prompts_up,
+  prompt_seg_up,
+  row_prompt_r,
+  settings: _RowSettings,
+  *,
+  config: ModelConfig,
+  max_new_bucket: int,
+  filtered: bool,
+  penalized: bool,
+):
   """Prefill each distinct prompt once ([U, p]), then give row r the cache and last logits
   of its prompt `row_prompt_r[r]`: the n samples of a prompt share one prefill (vLLM's
   prefix cache does the same), and rows are independent, so values are unchanged."""
   u, p = prompts_up.shape
   cache = decoder.KVCache.empty(config, u, p + max_new_bucket, jax.tree.leaves(params)[0].dtype)
-  logits, cache = decoder.forward(params, prompts_up, config=config, segment_ids=prompt_seg_up,
-                                  cache=cache)
+  logits, cache = decoder.forward(
+    params, prompts_up, config=config, segment_ids=prompt_seg_up, cache=cache
+  )
   rows = lambda x, axis: jnp.take(x, row_prompt_r, axis=axis)
-  cache = cache.replace(k=rows(cache.k, 1), v=rows(cache.v, 1),
-                        segment_bs=rows(cache.segment_bs, 0))
+  cache = cache.replace(
+    k=rows(cache.k, 1), v=rows(cache.v, 1), segment_bs=rows(cache.segment_bs, 0)
+  )
   logits = rows(logits, 0)
   prompts_rp, prompt_seg_rp = rows(prompts_up, 0), rows(prompt_seg_up, 0)
   r = prompts_rp.shape[0]
-  seen = None   # no penalty: nothing extra in the loop
+  seen = None  # no penalty: nothing extra in the loop
   if penalized:
     seen = prompt_seen_mask(prompts_rp, prompt_seg_rp > 0, logits.shape[-1])
   tok, lp = _sample(logits[:, -1], settings, 0, filtered, seen)
@@ -145,27 +159,38 @@ def _generate(params, prompts_up, prompt_seg_up, row_prompt_r, settings: _RowSet
   def body(carry):
     i, cache, out_tok, out_lp, done, lengths, last, seen = carry
     seg = jnp.where(done, 0, 1).astype(jnp.int32)[:, None]
-    logits, cache = decoder.forward(params, last[:, None], config=config, segment_ids=seg,
-                                    cache=cache)
+    logits, cache = decoder.forward(
+      params, last[:, None], config=config, segment_ids=seg, cache=cache
+    )
     tok, lp = _sample(logits[:, 0], settings, i, filtered, seen)
     if penalized:
       seen = mark_seen(seen, tok)
     out_tok = jax.lax.dynamic_update_slice_in_dim(out_tok, jnp.where(done, 0, tok)[:, None], i, 1)
-    out_lp = jax.lax.dynamic_update_slice_in_dim(out_lp, jnp.where(done, 0., lp)[:, None], i, 1)
+    out_lp = jax.lax.dynamic_update_slice_in_dim(out_lp, jnp.where(done, 0.0, lp)[:, None], i, 1)
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | jnp.isin(tok, settings.stop_ids)
     return i + 1, cache, out_tok, out_lp, done, lengths, tok, seen
 
   _, _, out_tok, out_lp, done, lengths, _, _ = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), cache, out_tok, out_lp, done, lengths, tok, seen))
+    cond, body, (jnp.int32(1), cache, out_tok, out_lp, done, lengths, tok, seen)
+  )
   return out_tok, out_lp, lengths, done
 
 
 class JaxSampler:
   """Samples from `params` in this process (CPU, or the devices of `mesh`)."""
 
-  def __init__(self, config: ModelConfig, params: Any, tokenizer, *, mesh=None,
-               min_rows: int = 8, min_prompt_len: int = 32, min_new_tokens: int = 32):
+  def __init__(
+    self,
+    config: ModelConfig,
+    params: Any,
+    tokenizer,
+    *,
+    mesh=None,
+    min_rows: int = 8,
+    min_prompt_len: int = 32,
+    min_new_tokens: int = 32,
+  ):
     self.config = config
     self.tokenizer = tokenizer
     self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else config.eos_token_id
@@ -176,8 +201,10 @@ class JaxSampler:
     self._params = params
     self.version = 0
     self._lock = threading.Lock()
-    self._fn = jax.jit(functools.partial(_generate, config=config),
-                       static_argnames=("max_new_bucket", "filtered", "penalized"))
+    self._fn = jax.jit(
+      functools.partial(_generate, config=config),
+      static_argnames=("max_new_bucket", "filtered", "penalized"),
+    )
 
   def update_weights(self, params: Any, version: int) -> None:
     with self._lock:
@@ -188,8 +215,9 @@ class JaxSampler:
     if self.mesh is None:
       return jnp.asarray(x)
     # Every process builds the same host arrays; each device takes its rows (multi-host too).
-    spec = (sharding.batch_sharding(self.mesh, np.ndim(x)) if rows
-            else sharding.replicated(self.mesh))
+    spec = (
+      sharding.batch_sharding(self.mesh, np.ndim(x)) if rows else sharding.replicated(self.mesh)
+    )
     return sharding.put_global(x, spec)
 
   def _place_settings(self, s: _RowSettings) -> _RowSettings:
@@ -197,8 +225,9 @@ class JaxSampler:
     placed = jax.tree.map(self._place, s.replace(stop_ids=None))
     return placed.replace(stop_ids=self._place(s.stop_ids, rows=False))
 
-  def generate(self, prompt_token_ids: Sequence[Sequence[int]],
-               params: SamplingParams) -> list[list[Completion]]:
+  def generate(
+    self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams
+  ) -> list[list[Completion]]:
     if not prompt_token_ids:
       return []
     for i, p in enumerate(prompt_token_ids):
@@ -210,54 +239,70 @@ class JaxSampler:
     r_bucket = _bucket(len(rows), min_rows)
     longest, ctx = max(len(p) for p in rows), self.config.max_position_embeddings
     if longest + params.max_tokens > ctx:
-      raise ValueError(f"a prompt of {longest} tokens + max_tokens {params.max_tokens} exceed "
-                       f"the model's max_position_embeddings {ctx}")
+      raise ValueError(
+        f"a prompt of {longest} tokens + max_tokens {params.max_tokens} exceed "
+        f"the model's max_position_embeddings {ctx}"
+      )
     p_bucket = _bucket(longest, min_p)
     new_bucket = _bucket(params.max_tokens, min_new)
-    if p_bucket + new_bucket > ctx:   # near the context limit: tighter, non-power-of-two shapes
+    if p_bucket + new_bucket > ctx:  # near the context limit: tighter, non-power-of-two shapes
       new_bucket = max(params.max_tokens, min(new_bucket, ctx - longest))
       p_bucket = min(p_bucket, ctx - new_bucket)
     u_bucket = _bucket(len(prompt_token_ids), min_rows)
     tokens = np.full((u_bucket, p_bucket), self.pad_token_id, np.int32)
     seg = np.zeros((u_bucket, p_bucket), np.int32)
     for i, p in enumerate(prompt_token_ids):  # left padding: the last column is the last token
-      tokens[i, p_bucket - len(p):] = p
-      seg[i, p_bucket - len(p):] = 1
-    seg[len(prompt_token_ids):, -1] = 1  # filler prompts: one real token keeps them NaN-free
+      tokens[i, p_bucket - len(p) :] = p
+      seg[i, p_bucket - len(p) :] = 1
+    seg[len(prompt_token_ids) :, -1] = 1  # filler prompts: one real token keeps them NaN-free
     base = 0 if params.seed is None else params.seed
     prompt_idx = np.repeat(np.arange(len(prompt_token_ids)), n)
-    row_prompt = np.zeros((r_bucket,), np.int32)   # filler rows read prompt 0; never live
-    row_prompt[:len(rows)] = prompt_idx
+    row_prompt = np.zeros((r_bucket,), np.int32)  # filler rows read prompt 0; never live
+    row_prompt[: len(rows)] = prompt_idx
     sample_idx = np.tile(np.arange(n), len(prompt_token_ids))
     keys = np.zeros((r_bucket, 2), np.uint32)
-    keys[:len(rows)] = _row_keys((base + prompt_idx).astype(np.uint32),
-                                 sample_idx.astype(np.uint32))
+    keys[: len(rows)] = _row_keys(
+      (base + prompt_idx).astype(np.uint32), sample_idx.astype(np.uint32)
+    )
     stops = set(params.stop_token_ids)
     if not params.ignore_eos and self.eos_token_id is not None:
       stops.add(int(self.eos_token_id))
     stop_ids = np.full((_bucket(len(stops), 4),), -1, np.int32)
-    stop_ids[:len(stops)] = sorted(stops)
+    stop_ids[: len(stops)] = sorted(stops)
     settings = _RowSettings(
-        temperature=np.full((r_bucket,), params.temperature, np.float32),
-        top_p=np.full((r_bucket,), params.top_p, np.float32),
-        top_k=np.full((r_bucket,), params.top_k, np.int32),
-        repetition_penalty=np.full((r_bucket,), params.repetition_penalty, np.float32),
-        keys=keys, max_new=np.int32(params.max_tokens), stop_ids=stop_ids,
-        live=np.arange(r_bucket) < len(rows))
+      temperature=np.full((r_bucket,), params.temperature, np.float32),
+      top_p=np.full((r_bucket,), params.top_p, np.float32),
+      top_k=np.full((r_bucket,), params.top_k, np.int32),
+      repetition_penalty=np.full((r_bucket,), params.repetition_penalty, np.float32),
+      keys=keys,
+      max_new=np.int32(params.max_tokens),
+      stop_ids=stop_ids,
+      live=np.arange(r_bucket) < len(rows),
+    )
     with self._lock:
       weights, version = self._params, self.version
       out_tok, out_lp, lengths, done = self._fn(
-          weights, self._place(tokens), self._place(seg), self._place(row_prompt),
-          self._place_settings(settings),
-          max_new_bucket=new_bucket, filtered=params.top_k > 0 or params.top_p < 1.0,
-          penalized=params.repetition_penalty != 1.0)
+        weights,
+        self._place(tokens),
+        self._place(seg),
+        self._place(row_prompt),
+        self._place_settings(settings),
+        max_new_bucket=new_bucket,
+        filtered=params.top_k > 0 or params.top_p < 1.0,
+        penalized=params.repetition_penalty != 1.0,
+      )
     out_tok, out_lp, lengths, done = (sharding.to_host(x) for x in (out_tok, out_lp, lengths, done))
     result: list[list[Completion]] = [[] for _ in prompt_token_ids]
     for i in range(len(rows)):
-      ids = tuple(int(t) for t in out_tok[i, :lengths[i]])
+      ids = tuple(int(t) for t in out_tok[i, : lengths[i]])
       text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else ""
-      result[prompt_idx[i]].append(Completion(
+      result[prompt_idx[i]].append(
+        Completion(
           token_ids=ids,
-          logprobs=tuple(float(x) for x in out_lp[i, :lengths[i]]) if params.logprobs else None,
-          text=text, finish_reason="stop" if done[i] else "length", weight_version=version))
+          logprobs=tuple(float(x) for x in out_lp[i, : lengths[i]]) if params.logprobs else None,
+          text=text,
+          finish_reason="stop" if done[i] else "length",
+          weight_version=version,
+        )
+      )
     return result

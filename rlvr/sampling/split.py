@@ -24,13 +24,14 @@ from rlvr.sampling.types import Completion, SamplingParams
 def _gather(x: np.ndarray) -> np.ndarray:
   """[...] on each process -> [processes, ...] on every process."""
   from jax.experimental import multihost_utils
+
   return np.asarray(multihost_utils.process_allgather(x))
 
 
 def _padded(rows: list[Sequence], dtype, width: int) -> np.ndarray:
   out = np.zeros((len(rows), width), dtype)
   for i, r in enumerate(rows):
-    out[i, :len(r)] = r
+    out[i, : len(r)] = r
   return out
 
 
@@ -40,7 +41,7 @@ class ProcessSplitSampler:
   def __init__(self, inner):
     self.inner = inner
 
-  def __getattr__(self, name):   # eos / pad ids, urls, ...: the inner sampler's
+  def __getattr__(self, name):  # eos / pad ids, urls, ...: the inner sampler's
     return getattr(self.inner, name)
 
   @property
@@ -54,33 +55,48 @@ class ProcessSplitSampler:
     if hasattr(self.inner, "close"):
       self.inner.close()
 
-  def generate(self, prompt_token_ids: Sequence[Sequence[int]],
-               params: SamplingParams) -> list[list[Completion]]:
+  def generate(
+    self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams
+  ) -> list[list[Completion]]:
     procs, me = jax.process_count(), jax.process_index()
     if procs == 1:
       return self.inner.generate(prompt_token_ids, params)
     n, total = params.n, len(prompt_token_ids)
     per = -(-total // procs)
-    mine = list(prompt_token_ids[me * per:(me + 1) * per])
+    mine = list(prompt_token_ids[me * per : (me + 1) * per])
     # Prompt i draws from seed + i (SamplingParams): keep the global index's seed.
-    local_params = (params if params.seed is None
-                    else dataclasses.replace(params, seed=params.seed + me * per))
+    local_params = (
+      params if params.seed is None else dataclasses.replace(params, seed=params.seed + me * per)
+    )
     local = self.inner.generate(mine, local_params) if mine else []
     flat = [c for group in local for c in group]
     texts = [c.text.encode("utf-8") for c in flat]
     # Agree on widths first, then gather fixed-shape arrays.
-    widths = _gather(np.array([max((len(c.token_ids) for c in flat), default=0),
-                               max((len(t) for t in texts), default=0)], np.int32))
+    widths = _gather(
+      np.array(
+        [max((len(c.token_ids) for c in flat), default=0), max((len(t) for t in texts), default=0)],
+        np.int32,
+      )
+    )
     width_tok, width_txt = int(widths[:, 0].max()), int(widths[:, 1].max())
     rows = per * n
     pad = rows - len(flat)
-    tokens = np.concatenate([_padded([c.token_ids for c in flat], np.int32, width_tok),
-                             np.zeros((pad, width_tok), np.int32)])
-    logps = np.concatenate([_padded([c.logprobs or () for c in flat], np.float32, width_tok),
-                            np.zeros((pad, width_tok), np.float32)])
-    txt = np.concatenate([_padded([list(t) for t in texts], np.uint8, width_txt),
-                          np.zeros((pad, width_txt), np.uint8)])
-    meta = np.zeros((rows, 4), np.int32)   # tokens, text bytes, stopped, weight version
+    tokens = np.concatenate(
+      [
+        _padded([c.token_ids for c in flat], np.int32, width_tok),
+        np.zeros((pad, width_tok), np.int32),
+      ]
+    )
+    logps = np.concatenate(
+      [
+        _padded([c.logprobs or () for c in flat], np.float32, width_tok),
+        np.zeros((pad, width_tok), np.float32),
+      ]
+    )
+    txt = np.concatenate(
+      [_padded([list(t) for t in texts], np.uint8, width_txt), np.zeros((pad, width_txt), np.uint8)]
+    )
+    meta = np.zeros((rows, 4), np.int32)  # tokens, text bytes, stopped, weight version
     for i, (c, t) in enumerate(zip(flat, texts)):
       meta[i] = (len(c.token_ids), len(t), c.finish_reason == "stop", c.weight_version or 0)
     tokens, logps, txt, meta = (_gather(a) for a in (tokens, logps, txt, meta))
@@ -92,11 +108,14 @@ class ProcessSplitSampler:
         for j in range(n):
           r = g * n + j
           length, text_len, stopped, version = (int(v) for v in meta[p, r])
-          group.append(Completion(
+          group.append(
+            Completion(
               token_ids=tuple(int(t) for t in tokens[p, r, :length]),
-              logprobs=(tuple(float(x) for x in logps[p, r, :length])
-                        if params.logprobs else None),
+              logprobs=(tuple(float(x) for x in logps[p, r, :length]) if params.logprobs else None),
               text=bytes(txt[p, r, :text_len]).decode("utf-8"),
-              finish_reason="stop" if stopped else "length", weight_version=version))
+              finish_reason="stop" if stopped else "length",
+              weight_version=version,
+            )
+          )
         out.append(group)
     return out

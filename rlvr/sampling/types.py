@@ -68,8 +68,9 @@ class Sampler(Protocol):
   eos_token_id: int
   pad_token_id: int
 
-  def generate(self, prompt_token_ids: Sequence[Sequence[int]],
-               params: SamplingParams) -> list[list[Completion]]:
+  def generate(
+    self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams
+  ) -> list[list[Completion]]:
     """outs[i][j]: the j-th of params.n completions of prompt i."""
     ...
 

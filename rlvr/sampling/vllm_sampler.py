@@ -35,7 +35,7 @@ from rlvr.sampling.config import SamplerConfig
 from rlvr.sampling.http import check_retry_settings
 from rlvr.sampling.types import Completion, SamplingParams
 
-_DEFAULTS = SamplerConfig()   # the client's defaults are the config section's
+_DEFAULTS = SamplerConfig()  # the client's defaults are the config section's
 
 
 class SamplerError(RuntimeError):
@@ -55,14 +55,15 @@ class RequestAbortedError(SamplerError, http.Aborted):
   raised inside a try, it makes the HTTP core try again."""
 
 
-def parse_completion_response(body: Any, n: int, want_logprobs: bool,
-                              stop_ids: set[int], version: int | None) -> list[Completion]:
+def parse_completion_response(
+  body: Any, n: int, want_logprobs: bool, stop_ids: set[int], version: int | None
+) -> list[Completion]:
   """Turns a `/v1/completions` JSON body into `n` Completions, or raises
   MalformedResponseError naming what is missing or wrong."""
   if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
     raise MalformedResponseError(f"response has no 'choices' list: {str(body)[:200]}")
   choices = sorted(body["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
-  for j, c in enumerate(choices):   # an aborted request may come back with fewer choices
+  for j, c in enumerate(choices):  # an aborted request may come back with fewer choices
     if isinstance(c, dict) and c.get("finish_reason") == "abort":
       raise RequestAbortedError(f"choices[{j}]: request aborted by the server")
   if len(choices) != n:
@@ -73,44 +74,66 @@ def parse_completion_response(body: Any, n: int, want_logprobs: bool,
       raise MalformedResponseError(f"choices[{j}] is not an object")
     ids = c.get("token_ids")
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-      raise MalformedResponseError(f"choices[{j}].token_ids missing or not a list of ints "
-                                   "(server needs return_token_ids support)")
+      raise MalformedResponseError(
+        f"choices[{j}].token_ids missing or not a list of ints "
+        "(server needs return_token_ids support)"
+      )
     lps = None
     if want_logprobs:
       lp = c.get("logprobs")
       lps = lp.get("token_logprobs") if isinstance(lp, dict) else None
       if not isinstance(lps, list) or len(lps) != len(ids):
         raise MalformedResponseError(
-            f"choices[{j}].logprobs.token_logprobs missing or of length "
-            f"{len(lps) if isinstance(lps, list) else 'n/a'} for {len(ids)} tokens")
+          f"choices[{j}].logprobs.token_logprobs missing or of length "
+          f"{len(lps) if isinstance(lps, list) else 'n/a'} for {len(ids)} tokens"
+        )
       if any(not isinstance(x, (int, float)) for x in lps):
         raise MalformedResponseError(f"choices[{j}].logprobs.token_logprobs has non-numbers")
       lps = tuple(float(x) for x in lps)
     reason = c.get("finish_reason")
     if reason not in ("stop", "length"):
       raise MalformedResponseError(f"choices[{j}].finish_reason: unexpected {reason!r}")
-    out.append(Completion(token_ids=tuple(ids), logprobs=lps, text=c.get("text") or "",
-                          finish_reason=reason, weight_version=version))
+    out.append(
+      Completion(
+        token_ids=tuple(ids),
+        logprobs=lps,
+        text=c.get("text") or "",
+        finish_reason=reason,
+        weight_version=version,
+      )
+    )
   return out
 
 
-def serve_policy_copy(path: str, model_config: ModelConfig, params, tokenizer=None,
-                      dtype=None) -> str:
+def serve_policy_copy(
+  path: str, model_config: ModelConfig, params, tokenizer=None, dtype=None
+) -> str:
   """Writes the checkpoint a vLLM server for RL should start from (untied)."""
-  return hf_io.save_hf(path, model_config, params, tokenizer=tokenizer, dtype=dtype,
-                       untie_embeddings=True)
+  return hf_io.save_hf(
+    path, model_config, params, tokenizer=tokenizer, dtype=dtype, untie_embeddings=True
+  )
 
 
 class VLLMSampler:
   """Sampler backed by vLLM servers at `urls` (e.g. "http://127.0.0.1:8000")."""
 
-  def __init__(self, urls: str | Sequence[str], *, model_config: ModelConfig,
-               eos_token_id: int, pad_token_id: int = 0, sync_dir: str | None = None,
-               model_name: str = _DEFAULTS.model, api_key: str | None = None,
-               max_concurrency: int = _DEFAULTS.max_concurrency,
-               request_timeout_s: float = _DEFAULTS.request_timeout_s,
-               retries: int = _DEFAULTS.retries, backoff_s: float = _DEFAULTS.backoff_s,
-               sync_dtype: Any = None, keep_versions: int = 2):
+  def __init__(
+    self,
+    urls: str | Sequence[str],
+    *,
+    model_config: ModelConfig,
+    eos_token_id: int,
+    pad_token_id: int = 0,
+    sync_dir: str | None = None,
+    model_name: str = _DEFAULTS.model,
+    api_key: str | None = None,
+    max_concurrency: int = _DEFAULTS.max_concurrency,
+    request_timeout_s: float = _DEFAULTS.request_timeout_s,
+    retries: int = _DEFAULTS.retries,
+    backoff_s: float = _DEFAULTS.backoff_s,
+    sync_dtype: Any = None,
+    keep_versions: int = 2,
+  ):
     self.urls = [urls] if isinstance(urls, str) else list(urls)
     if not self.urls:
       raise ValueError("urls: need at least one vLLM server URL")
@@ -123,11 +146,13 @@ class VLLMSampler:
     self.sync_dtype = sync_dtype
     self.keep_versions = keep_versions
     self.version: int | None = None
-    self._http = http.Client(api_key=api_key, timeout_s=request_timeout_s, retries=retries,
-                             backoff_s=backoff_s)
+    self._http = http.Client(
+      api_key=api_key, timeout_s=request_timeout_s, retries=retries, backoff_s=backoff_s
+    )
     self._lock = threading.Lock()
-    self._pool = concurrent.futures.ThreadPoolExecutor(max_concurrency,
-                                                       thread_name_prefix="vllm-client")
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+      max_concurrency, thread_name_prefix="vllm-client"
+    )
 
   # ------------------------------------------------------------------- HTTP
   def _session(self) -> requests.Session:
@@ -140,15 +165,21 @@ class VLLMSampler:
     except requests.RequestException as e:
       return False, f"/health: {type(e).__name__}"
 
-  def _post(self, url: str, route: str, payload: dict, timeout: float | None = None,
-            parse: Callable[[Any], Any] | None = None) -> Any:
+  def _post(
+    self,
+    url: str,
+    route: str,
+    payload: dict,
+    timeout: float | None = None,
+    parse: Callable[[Any], Any] | None = None,
+  ) -> Any:
     """POST with the HTTP core's retries; returns the parsed JSON (None for an empty body),
     or what `parse` makes of it. A request the server aborts (`parse` raising
     RequestAbortedError) is retried like a refused one, within the same budget."""
     where = f"vLLM server {url}{route}"
     try:
       return self._http.post(url + route, payload, timeout=timeout, parse=parse)
-    except http.Refused as e:   # our request is wrong: retrying will not help
+    except http.Refused as e:  # our request is wrong: retrying will not help
       raise SamplerError(f"{where}: HTTP {e.status}: {e.text[:300]}") from None
     except http.NotJSON as e:
       raise MalformedResponseError(f"{where}: response is not JSON: {e.text[:200]!r}") from None
@@ -161,23 +192,30 @@ class VLLMSampler:
     tries = f"{len(failures)} attempts ({', '.join(f.label for f in failures)}; {why})"
     if any(f.status is not None and f.status >= 500 for f in failures):
       # vLLM answers 5xx once its engine has died (and may then exit altogether).
-      return EngineDeadError(f"{where}: engine dead or failing after {tries}; restart the "
-                             "server")
+      return EngineDeadError(f"{where}: engine dead or failing after {tries}; restart the server")
     if all(f.kind == "aborted" for f in failures):
       return RequestAbortedError(f"{where}: request aborted by the server in all {tries}")
-    busy = any(f.kind == "status" for f in failures)   # 408/429
+    busy = any(f.kind == "status" for f in failures)  # 408/429
     return SamplerError(f"{where}: {'busy' if busy else 'unreachable'} after {tries}")
 
   # ---------------------------------------------------------------- sampling
-  def _request(self, i: int, prompt: Sequence[int], sp: SamplingParams,
-               version: int | None) -> list[Completion]:
+  def _request(
+    self, i: int, prompt: Sequence[int], sp: SamplingParams, version: int | None
+  ) -> list[Completion]:
     url = self.urls[i % len(self.urls)]
     payload = {
-        "model": self.model_name, "prompt": [int(t) for t in prompt], "n": sp.n,
-        "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k or -1,
-        "repetition_penalty": sp.repetition_penalty,
-        "max_tokens": sp.max_tokens, "return_token_ids": True, "skip_special_tokens": True,
-        "stop_token_ids": list(sp.stop_token_ids), "ignore_eos": sp.ignore_eos,
+      "model": self.model_name,
+      "prompt": [int(t) for t in prompt],
+      "n": sp.n,
+      "temperature": sp.temperature,
+      "top_p": sp.top_p,
+      "top_k": sp.top_k or -1,
+      "repetition_penalty": sp.repetition_penalty,
+      "max_tokens": sp.max_tokens,
+      "return_token_ids": True,
+      "skip_special_tokens": True,
+      "stop_token_ids": list(sp.stop_token_ids),
+      "ignore_eos": sp.ignore_eos,
     }
     if sp.seed is not None:
       payload["seed"] = sp.seed + i
@@ -186,17 +224,20 @@ class VLLMSampler:
 
     def parse(body):
       try:
-        return parse_completion_response(body, sp.n, sp.logprobs, set(sp.stop_token_ids),
-                                         version)
+        return parse_completion_response(body, sp.n, sp.logprobs, set(sp.stop_token_ids), version)
       except MalformedResponseError as e:
         raise MalformedResponseError(f"vLLM server {url}: prompt {i}: {e}") from None
+
     return self._post(url, "/v1/completions", payload, parse=parse)
 
-  def generate(self, prompt_token_ids: Sequence[Sequence[int]],
-               params: SamplingParams) -> list[list[Completion]]:
+  def generate(
+    self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams
+  ) -> list[list[Completion]]:
     with self._lock:  # no weight update can land inside this call
-      futures = [self._pool.submit(self._request, i, p, params, self.version)
-                 for i, p in enumerate(prompt_token_ids)]
+      futures = [
+        self._pool.submit(self._request, i, p, params, self.version)
+        for i, p in enumerate(prompt_token_ids)
+      ]
       try:
         return [f.result() for f in futures]
       except BaseException:
@@ -208,28 +249,35 @@ class VLLMSampler:
   def update_weights(self, params: Any, version: int) -> None:
     """Writes `params` to `sync_dir/v{version}` and reloads every server from it."""
     if self.sync_dir is None:
-      raise ValueError("sync_dir: VLLMSampler needs a directory the servers can read "
-                       "to push weights")
+      raise ValueError(
+        "sync_dir: VLLMSampler needs a directory the servers can read to push weights"
+      )
     path = os.path.join(os.path.abspath(self.sync_dir), f"v{version}")
     hf_io.save_hf(path, self.model_config, params, dtype=self.sync_dtype, untie_embeddings=True)
     with self._lock:
       for url in self.urls:
-        self._post(url, "/collective_rpc", {"method": "reload_weights",
-                                            "kwargs": {"weights_path": path}})
+        self._post(
+          url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        )
         self._post(url, "/reset_prefix_cache", {})
         try:
           self._post(url, "/update_weight_version", {"new_version": str(version)})
         except SamplerError:
           pass  # older servers lack the route; the version is still tracked here
       self.version = version
-    if jax.process_index() == 0:   # multi-host: the writer of sync_dir prunes it
+    if jax.process_index() == 0:  # multi-host: the writer of sync_dir prunes it
       self._prune(version)
 
   def _prune(self, current: int) -> None:
     root = os.path.abspath(self.sync_dir)
-    olds = sorted((int(d[1:]) for d in os.listdir(root)
-                   if d.startswith("v") and d[1:].isdigit() and int(d[1:]) != current))
-    for v in olds[:max(0, len(olds) - self.keep_versions + 1)]:
+    olds = sorted(
+      (
+        int(d[1:])
+        for d in os.listdir(root)
+        if d.startswith("v") and d[1:].isdigit() and int(d[1:]) != current
+      )
+    )
+    for v in olds[: max(0, len(olds) - self.keep_versions + 1)]:
       shutil.rmtree(os.path.join(root, f"v{v}"), ignore_errors=True)
 
   def close(self) -> None:

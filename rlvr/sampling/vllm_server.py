@@ -46,26 +46,42 @@ class ServerOptions:
   """
 
   host: str = "127.0.0.1"
-  port: int | None = None            # None: a free port
+  port: int | None = None  # None: a free port
   served_model_name: str = "policy"
   dtype: str = "float32"
   max_model_len: int = 2048
   max_num_batched_tokens: int = 16384
   max_num_seqs: int = 256
-  device: str = "cpu"                # "cpu" or "gpu"
-  kv_cache_gb: int = 1               # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
+  device: str = "cpu"  # "cpu" or "gpu"
+  kv_cache_gb: int = 1  # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
   gpu_memory_utilization: float = 0.5
   api_key: str | None = None
-  dev_mode: bool = True              # /collective_rpc etc. for weight reloads
+  dev_mode: bool = True  # /collective_rpc etc. for weight reloads
   extra_args: tuple[str, ...] = ()
 
   def command(self, model_dir: str, port: int, python: str) -> list[str]:
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-           "--host", self.host, "--port", str(port),
-           "--served-model-name", self.served_model_name, "--dtype", self.dtype,
-           "--max-model-len", str(self.max_model_len),
-           "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-           "--max-num-seqs", str(self.max_num_seqs), "--disable-log-stats"]
+    cmd = [
+      python,
+      "-m",
+      "vllm.entrypoints.openai.api_server",
+      "--model",
+      model_dir,
+      "--host",
+      self.host,
+      "--port",
+      str(port),
+      "--served-model-name",
+      self.served_model_name,
+      "--dtype",
+      self.dtype,
+      "--max-model-len",
+      str(self.max_model_len),
+      "--max-num-batched-tokens",
+      str(self.max_num_batched_tokens),
+      "--max-num-seqs",
+      str(self.max_num_seqs),
+      "--disable-log-stats",
+    ]
     if self.device == "cpu":
       cmd.append("--enforce-eager")
     else:
@@ -130,35 +146,52 @@ def _healthy(url: str, api_key: str | None) -> bool:
     return False
 
 
-def start_server(model_dir: str, options: ServerOptions = ServerOptions(), *,
-                 python: str | None = None, log_path: str | None = None,
-                 timeout_s: float = 600.0) -> VLLMServer:
+def start_server(
+  model_dir: str,
+  options: ServerOptions = ServerOptions(),
+  *,
+  python: str | None = None,
+  log_path: str | None = None,
+  timeout_s: float = 600.0,
+) -> VLLMServer:
   """Starts `vllm.entrypoints.openai.api_server` on `model_dir`; waits for /health."""
   python = python or vllm_python()
   if not os.path.exists(python):
     raise ServerStartError(
-        f"vLLM Python {python} not found: create the vLLM environment (see README, "
-        "`bash scripts/setup.sh --vllm`) or set RLVR_VLLM_PYTHON")
+      f"vLLM Python {python} not found: create the vLLM environment (see README, "
+      "`bash scripts/setup.sh --vllm`) or set RLVR_VLLM_PYTHON"
+    )
   if options.host not in ("127.0.0.1", "localhost", "::1"):
-    print(f"WARNING: vLLM server binds {options.host}; its dev-mode routes run arbitrary "
-          "worker calls. Set an api_key or keep it on loopback.", file=sys.stderr)
+    print(
+      f"WARNING: vLLM server binds {options.host}; its dev-mode routes run arbitrary "
+      "worker calls. Set an api_key or keep it on loopback.",
+      file=sys.stderr,
+    )
   port = options.port or free_port(options.host)
   log_path = log_path or os.path.join(os.path.abspath(model_dir), f"vllm-{port}.log")
   log = open(log_path, "w")
   t0 = time.time()
-  proc = subprocess.Popen(options.command(os.path.abspath(model_dir), port, python),
-                          env=options.env(), stdout=log, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, start_new_session=True)
+  proc = subprocess.Popen(
+    options.command(os.path.abspath(model_dir), port, python),
+    env=options.env(),
+    stdout=log,
+    stderr=subprocess.STDOUT,
+    stdin=subprocess.DEVNULL,
+    start_new_session=True,
+  )
   log.close()
   server = VLLMServer(f"http://{options.host}:{port}", model_dir, options, proc, log_path, 0.0)
   while not _healthy(server.url, options.api_key):
     if proc.poll() is not None:
-      raise ServerStartError(f"vLLM server exited with code {proc.returncode} while starting; "
-                             f"log {log_path}:\n{server.log_tail()}")
+      raise ServerStartError(
+        f"vLLM server exited with code {proc.returncode} while starting; "
+        f"log {log_path}:\n{server.log_tail()}"
+      )
     if time.time() - t0 > timeout_s:
       server.stop()
-      raise ServerStartError(f"vLLM server not healthy after {timeout_s:.0f}s; "
-                             f"log {log_path}:\n{server.log_tail()}")
+      raise ServerStartError(
+        f"vLLM server not healthy after {timeout_s:.0f}s; log {log_path}:\n{server.log_tail()}"
+      )
     time.sleep(0.5)
   server.startup_s = time.time() - t0
   return server

@@ -35,8 +35,10 @@ MAX_OPERAND = 20
 HELDOUT_FRACTION = 0.1
 _HASH_BUCKETS = 10_000
 # Our own short wording of SvS's synthesis task (the model is tiny).
-INVERSE_TEMPLATE = ("<response>{solution}</response>\n"
-                    "Write the problem this correct solution solves, in a ```text block.")
+INVERSE_TEMPLATE = (
+  "<response>{solution}</response>\n"
+  "Write the problem this correct solution solves, in a ```text block."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +67,7 @@ def solve(operands: list[int], ops: list[str]) -> list[tuple[int, str, int, int]
     a, op, b = values[i], ops[i], values[i + 1]
     result = _apply(a, op, b)
     steps.append((a, op, b, result))
-    values[i:i + 2] = [result]
+    values[i : i + 2] = [result]
     del ops[i]
   return steps
 
@@ -74,8 +76,12 @@ def _render(operands: list[int], ops: list[str], steps, difficulty: int) -> Prob
   expression = "".join(f"{v}{op}" for v, op in zip(operands, ops)) + str(operands[-1])
   answer = str(steps[-1][3])
   worked = " ".join(f"{a}{op}{b}={r}." for a, op, b, r in steps)
-  return Problem(problem=f"Compute {expression}.", solution=f"{worked} \\boxed{{{answer}}}",
-                 answer=answer, difficulty=difficulty)
+  return Problem(
+    problem=f"Compute {expression}.",
+    solution=f"{worked} \\boxed{{{answer}}}",
+    answer=answer,
+    difficulty=difficulty,
+  )
 
 
 def _draw(rng: random.Random, difficulty: int, max_operand: int) -> Problem:
@@ -98,27 +104,36 @@ def _stream(difficulty: int, seed: int, max_operand: int) -> Iterator[Problem]:
     yield _draw(rng, difficulty, max_operand)
 
 
-def generate(n: int, *, difficulty: int = 1, seed: int = 0,
-             max_operand: int = MAX_OPERAND) -> list[Problem]:
+def generate(
+  n: int, *, difficulty: int = 1, seed: int = 0, max_operand: int = MAX_OPERAND
+) -> list[Problem]:
   """n random problems (repeats possible, splits ignored); deterministic for a seed."""
   return list(itertools.islice(_stream(difficulty, seed, max_operand), n))
 
 
 def split(problem: Problem | str) -> str:
-  """"train" or "heldout", from a hash of the problem text (independent of any seed)."""
+  """ "train" or "heldout", from a hash of the problem text (independent of any seed)."""
   text = problem.problem if isinstance(problem, Problem) else problem
   bucket = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
   return "heldout" if bucket % _HASH_BUCKETS < HELDOUT_FRACTION * _HASH_BUCKETS else "train"
 
 
-def make_splits(n_train: int, n_heldout: int, difficulty: int = 1, seed: int = 0, *,
-                max_operand: int = MAX_OPERAND) -> tuple[list[Problem], list[Problem]]:
+def make_splits(
+  n_train: int,
+  n_heldout: int,
+  difficulty: int = 1,
+  seed: int = 0,
+  *,
+  max_operand: int = MAX_OPERAND,
+) -> tuple[list[Problem], list[Problem]]:
   """Distinct train and held-out problems, drawn from one stream until both are full.
 
   Raises ValueError when the problem space is too small to fill them (bounded draws).
   """
   if n_train < 0 or n_heldout < 0:
-    raise ValueError(f"make_splits: sizes must be >= 0, got n_train={n_train}, n_heldout={n_heldout}")
+    raise ValueError(
+      f"make_splits: sizes must be >= 0, got n_train={n_train}, n_heldout={n_heldout}"
+    )
   want = {"train": n_train, "heldout": n_heldout}
   out: dict[str, list[Problem]] = {"train": [], "heldout": []}
   seen: set[str] = set()
@@ -132,8 +147,10 @@ def make_splits(n_train: int, n_heldout: int, difficulty: int = 1, seed: int = 0
       out[part].append(problem)
   short = [f"{s}: {len(out[s])} of {want[s]}" for s in want if len(out[s]) < want[s]]
   if short:
-    raise ValueError(f"make_splits: only found distinct problems for {', '.join(short)} after "
-                     f"{max_draws} draws (difficulty {difficulty}, max_operand {max_operand})")
+    raise ValueError(
+      f"make_splits: only found distinct problems for {', '.join(short)} after "
+      f"{max_draws} draws (difficulty {difficulty}, max_operand {max_operand})"
+    )
   return out["train"], out["heldout"]
 
 
@@ -160,10 +177,17 @@ def answer_of(problem_text: str) -> str | None:
 
 def inverse_pair(problem: Problem) -> tuple[str, str]:
   """(prompt, target) of SvS's synthesis task: recover the problem from its solution."""
-  return (INVERSE_TEMPLATE.format(solution=problem.solution),
-          f"```text\n{problem.problem}\n```")
+  return (INVERSE_TEMPLATE.format(solution=problem.solution), f"```text\n{problem.problem}\n```")
 
 
 def to_examples(problems: Iterable[Problem]) -> list[Example]:
-  return [Example(problem=p.problem, answer=p.answer, source=f"arithmetic-d{p.difficulty}",
-                  index=i, solution=p.solution) for i, p in enumerate(problems)]
+  return [
+    Example(
+      problem=p.problem,
+      answer=p.answer,
+      source=f"arithmetic-d{p.difficulty}",
+      index=i,
+      solution=p.solution,
+    )
+    for i, p in enumerate(problems)
+  ]

@@ -54,7 +54,7 @@ from rlvr.tasks import arithmetic
 NAMES = "XYZWUVPQRSTABDEFGHJKMN"
 MAX_DEPTH = len(NAMES) // 2 + 1
 SPLITS = ("train", "heldout")
-_MAX_MISSES = 2_000   # draws in a row without a new composition: the space is exhausted
+_MAX_MISSES = 2_000  # draws in a row without a new composition: the space is exhausted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +63,9 @@ class ComposedProblem:
   solution: str
   answer: str
   depth: int
-  components: tuple[arithmetic.Problem, ...]   # q1..qK in reading order
-  replaced: tuple[int, ...] = ()                # operand index of q2..qK turned into a variable
-  differences: tuple[int, ...] = ()             # d = v1 - v2 of each link
+  components: tuple[arithmetic.Problem, ...]  # q1..qK in reading order
+  replaced: tuple[int, ...] = ()  # operand index of q2..qK turned into a variable
+  differences: tuple[int, ...] = ()  # d = v1 - v2 of each link
 
 
 # ------------------------------------------------------------------ composing
@@ -88,8 +88,12 @@ def _relation(y: str, x: str, x_value: int, d: int) -> tuple[str, str]:
   return f"{y}={x}{op}{mag}.", f"{y}={x_value}{op}{mag}={x_value - d}."
 
 
-def compose(problems: Sequence[arithmetic.Problem], *, positions: Sequence[int] | None = None,
-            rng: random.Random | None = None) -> ComposedProblem:
+def compose(
+  problems: Sequence[arithmetic.Problem],
+  *,
+  positions: Sequence[int] | None = None,
+  rng: random.Random | None = None,
+) -> ComposedProblem:
   """SPC(q1..qK) for K = len(problems), answer gt_K (rules in the module docstring).
 
   positions: the operand index of q2..qK to replace; else drawn from `rng`, else
@@ -105,8 +109,9 @@ def compose(problems: Sequence[arithmetic.Problem], *, positions: Sequence[int] 
   if positions is None:
     rng = rng or random.Random("compose:" + "|".join(p.problem for p in problems))
     positions = [rng.randrange(len(operands)) for operands, _ in parsed[1:]]
-  if len(positions) != k - 1 or any(not 0 <= j < len(o) for j, (o, _) in
-                                    zip(positions, parsed[1:])):
+  if len(positions) != k - 1 or any(
+    not 0 <= j < len(o) for j, (o, _) in zip(positions, parsed[1:])
+  ):
     raise ValueError(f"compose: positions {list(positions)} do not fit operands of q2..q{k}")
   sentences, steps, diffs, value = [], [], [], 0
   for i, (operands, ops) in enumerate(parsed):
@@ -129,8 +134,15 @@ def compose(problems: Sequence[arithmetic.Problem], *, positions: Sequence[int] 
     value = arithmetic.solve(operands, ops)[-1][3]
   answer = str(value)
   assert answer == problems[-1].answer, (problems, answer)
-  return ComposedProblem(" ".join(sentences), " ".join(steps) + f" \\boxed{{{answer}}}", answer,
-                         k, tuple(problems), tuple(positions), tuple(diffs))
+  return ComposedProblem(
+    " ".join(sentences),
+    " ".join(steps) + f" \\boxed{{{answer}}}",
+    answer,
+    k,
+    tuple(problems),
+    tuple(positions),
+    tuple(diffs),
+  )
 
 
 # ------------------------------------------------------------------ recomputation
@@ -166,8 +178,9 @@ def answer_of(text: str) -> str | None:
 
 
 # ------------------------------------------------------------------ sampling
-def _components(want: dict[str, int], difficulty: int, seed: int,
-                max_operand: int) -> dict[str, list[arithmetic.Problem]]:
+def _components(
+  want: dict[str, int], difficulty: int, seed: int, max_operand: int
+) -> dict[str, list[arithmetic.Problem]]:
   """Up to want[s] distinct problems of each split, in the order of the seed's
   arithmetic stream (the task's own make_splits order); fewer if draws run out."""
   out: dict[str, list[arithmetic.Problem]] = {s: [] for s in SPLITS}
@@ -184,8 +197,9 @@ def _components(want: dict[str, int], difficulty: int, seed: int,
   return out
 
 
-def _compose_split(components: list[arithmetic.Problem], n: int, depth: int, pool_size: int,
-                   rng: random.Random) -> list[ComposedProblem]:
+def _compose_split(
+  components: list[arithmetic.Problem], n: int, depth: int, pool_size: int, rng: random.Random
+) -> list[ComposedProblem]:
   """Up to n distinct compositions: pools for positions 1..K-1, every component at K."""
   if n == 0 or len(components) < depth:
     return []
@@ -207,10 +221,17 @@ def _compose_split(components: list[arithmetic.Problem], n: int, depth: int, poo
   return out
 
 
-def make_composed_splits(n_train: int, n_heldout: int, depth: int, seed: int = 0,
-                         max_operand: int = 9, pool_size: int = 20, *, difficulty: int = 1,
-                         n_components: int | None = None
-                         ) -> tuple[list[ComposedProblem], list[ComposedProblem]]:
+def make_composed_splits(
+  n_train: int,
+  n_heldout: int,
+  depth: int,
+  seed: int = 0,
+  max_operand: int = 9,
+  pool_size: int = 20,
+  *,
+  difficulty: int = 1,
+  n_components: int | None = None,
+) -> tuple[list[ComposedProblem], list[ComposedProblem]]:
   """Distinct train and held-out depth-`depth` problems; deterministic for a seed.
 
   n_components: size of each split's component set (position K draws from all of
@@ -218,30 +239,54 @@ def make_composed_splits(n_train: int, n_heldout: int, depth: int, seed: int = 0
   the shortfall when the component space is too small to fill a split.
   """
   if n_train < 0 or n_heldout < 0:
-    raise ValueError(f"make_composed_splits: sizes must be >= 0, got n_train={n_train}, "
-                     f"n_heldout={n_heldout}")
+    raise ValueError(
+      f"make_composed_splits: sizes must be >= 0, got n_train={n_train}, n_heldout={n_heldout}"
+    )
   if not 1 <= depth <= MAX_DEPTH:
     raise ValueError(f"make_composed_splits: depth must be in 1..{MAX_DEPTH}, got {depth}")
   if pool_size < 1 or (n_components is not None and n_components < 1):
-    raise ValueError(f"make_composed_splits: pool_size and n_components must be >= 1, got "
-                     f"{pool_size}, {n_components}")
+    raise ValueError(
+      f"make_composed_splits: pool_size and n_components must be >= 1, got "
+      f"{pool_size}, {n_components}"
+    )
   want = {"train": n_train, "heldout": n_heldout}
-  comp_want = {s: (0 if not want[s] else n_components if n_components is not None
-                   else max(want[s], pool_size)) for s in SPLITS}
+  comp_want = {
+    s: (0 if not want[s] else n_components if n_components is not None else max(want[s], pool_size))
+    for s in SPLITS
+  }
   components = _components(comp_want, difficulty, seed, max_operand)
-  out = {s: _compose_split(components[s], want[s], depth, pool_size,
-                           random.Random(f"composed:{seed}:{s}:{depth}:{difficulty}:"
-                                         f"{max_operand}:{pool_size}"))
-         for s in SPLITS}
-  short = [f"{s}: {len(out[s])} of {want[s]} (from {len(components[s])} distinct components)"
-           for s in SPLITS if len(out[s]) < want[s]]
+  out = {
+    s: _compose_split(
+      components[s],
+      want[s],
+      depth,
+      pool_size,
+      random.Random(f"composed:{seed}:{s}:{depth}:{difficulty}:{max_operand}:{pool_size}"),
+    )
+    for s in SPLITS
+  }
+  short = [
+    f"{s}: {len(out[s])} of {want[s]} (from {len(components[s])} distinct components)"
+    for s in SPLITS
+    if len(out[s]) < want[s]
+  ]
   if short:
-    raise ValueError(f"make_composed_splits: only found distinct depth-{depth} problems for "
-                     f"{', '.join(short)} (difficulty {difficulty}, max_operand {max_operand}, "
-                     f"pool_size {pool_size})")
+    raise ValueError(
+      f"make_composed_splits: only found distinct depth-{depth} problems for "
+      f"{', '.join(short)} (difficulty {difficulty}, max_operand {max_operand}, "
+      f"pool_size {pool_size})"
+    )
   return out["train"], out["heldout"]
 
 
 def to_examples(problems: Iterable[ComposedProblem]) -> list[Example]:
-  return [Example(problem=p.problem, answer=p.answer, source=f"composed-d{p.depth}", index=i,
-                  solution=p.solution) for i, p in enumerate(problems)]
+  return [
+    Example(
+      problem=p.problem,
+      answer=p.answer,
+      source=f"composed-d{p.depth}",
+      index=i,
+      solution=p.solution,
+    )
+    for i, p in enumerate(problems)
+  ]

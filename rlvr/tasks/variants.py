@@ -33,7 +33,7 @@ from rlvr.tasks import arithmetic
 
 OPERATOR_IDS = ("O1", "O2", "O3", "O4", "O5")
 _COMPUTE = re.compile(r"\s*Compute\s+(\d+(?:\s*[-+*]\s*\d+)*)\s*\.?\s*")
-_SOLVE_RANGE = 100   # an inverse problem must have exactly one solution in 0..99
+_SOLVE_RANGE = 100  # an inverse problem must have exactly one solution in 0..99
 
 
 def parse(problem_text: str) -> tuple[list[int], list[str]] | None:
@@ -90,11 +90,12 @@ def _o4(rng, operands, ops):
   if result is None:
     return None
   i = rng.randrange(len(operands))
-  solutions = [x for x in range(_SOLVE_RANGE)
-               if _value(operands[:i] + [x] + operands[i + 1:], ops) == result]
+  solutions = [
+    x for x in range(_SOLVE_RANGE) if _value(operands[:i] + [x] + operands[i + 1 :], ops) == result
+  ]
   if solutions != [operands[i]]:
     return None
-  text = _expr(operands[:i] + ["x"] + operands[i + 1:], ops)
+  text = _expr(operands[:i] + ["x"] + operands[i + 1 :], ops)
   return f"Solve {text}={result} for x.", str(operands[i])
 
 
@@ -115,8 +116,9 @@ def plan(problem_text: str, n: int = 3, salt: str = "") -> tuple[str, ...]:
   return tuple(rng.sample(OPERATOR_IDS, n))
 
 
-def variant(problem_text: str, answer: str, operator: str,
-            salt: str = "") -> tuple[str, str] | None:
+def variant(
+  problem_text: str, answer: str, operator: str, salt: str = ""
+) -> tuple[str, str] | None:
   """(statement, exact answer) of one operator applied to a seed, or None (abstain)."""
   if operator not in _APPLY:
     raise ValueError(f"operator: unknown {operator!r}; expected one of {OPERATOR_IDS}")

@@ -8,16 +8,28 @@ import math
 import numpy as np
 
 # Why a program scored what it did; every reason but "ok" scores 0 under the binary reward.
-REASONS = ("ok", "wrong_answer", "timeout", "memory", "runtime_error", "output_limit",
-           "no_code", "sandbox_error")
+REASONS = (
+  "ok",
+  "wrong_answer",
+  "timeout",
+  "memory",
+  "runtime_error",
+  "output_limit",
+  "no_code",
+  "sandbox_error",
+)
 SANDBOXES = ("bwrap", "none")
 CODE_EXTRACTIONS = ("last_block", "whole")
 
 
 def _positive(owner: str, name: str, value, kind=(int, float)) -> None:
   """Raises unless `value` is a positive finite number of the given kind (bools excluded)."""
-  if (isinstance(value, bool) or not isinstance(value, kind) or not value > 0
-      or not math.isfinite(value)):
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, kind)
+    or not value > 0
+    or not math.isfinite(value)
+  ):
     raise ValueError(f"{owner}.{name}: expected a positive finite number, got {value!r}")
 
 
@@ -25,14 +37,16 @@ def _positive(owner: str, name: str, value, kind=(int, float)) -> None:
 class CodeLimits:
   """What one program may use, per test case unless said otherwise.
 
-  cpu_s: CPU seconds of each process (RLIMIT_CPU; SIGXCPU, then SIGKILL a second later).
+  cpu_s: CPU seconds of each process, rounded up to whole seconds (RLIMIT_CPU: SIGXCPU,
+    then SIGKILL a second later).
   wall_s: wall seconds of one test case; then every process of the case is killed.
   memory_bytes: address space of each process (RLIMIT_AS).
-  processes: processes the program may have at once, over the whole run (a pids cgroup as
-    root, RLIMIT_NPROC otherwise).
+  processes: processes (threads included) the program may have at once (a pids cgroup per
+    run as root, RLIMIT_NPROC otherwise).
   output_bytes: stdout of one test case (and the size of a call's returned value).
   file_bytes: the largest file it may write (RLIMIT_FSIZE), and the size of its tmpfs.
   """
+
   cpu_s: float = 2.0
   wall_s: float = 4.0
   memory_bytes: int = 1 << 30
@@ -60,6 +74,7 @@ class CodeRewardConfig:
     absolute or relative tolerance.
   extraction: "last_block" (the last fenced python block) or "whole" (the whole response).
   """
+
   sandbox: str = "bwrap"
   limits: CodeLimits = CodeLimits()
   workers: int = 2
@@ -69,20 +84,27 @@ class CodeRewardConfig:
 
   def __post_init__(self):
     if self.sandbox not in SANDBOXES:
-      raise ValueError(f"CodeRewardConfig.sandbox: unknown {self.sandbox!r}; "
-                       f"expected one of {SANDBOXES}")
+      raise ValueError(
+        f"CodeRewardConfig.sandbox: unknown {self.sandbox!r}; expected one of {SANDBOXES}"
+      )
     if not isinstance(self.limits, CodeLimits):
       raise TypeError(f"CodeRewardConfig.limits: expected CodeLimits, got {self.limits!r}")
     _positive("CodeRewardConfig", "workers", self.workers, int)
     if not isinstance(self.pass_fraction, bool):
       raise TypeError(f"CodeRewardConfig.pass_fraction: expected bool, got {self.pass_fraction!r}")
-    if (isinstance(self.float_tol, bool) or not isinstance(self.float_tol, (int, float))
-        or not 0 <= self.float_tol < 1):
-      raise ValueError(f"CodeRewardConfig.float_tol: expected a number in [0, 1), "
-                       f"got {self.float_tol!r}")
+    if (
+      isinstance(self.float_tol, bool)
+      or not isinstance(self.float_tol, (int, float))
+      or not 0 <= self.float_tol < 1
+    ):
+      raise ValueError(
+        f"CodeRewardConfig.float_tol: expected a number in [0, 1), got {self.float_tol!r}"
+      )
     if self.extraction not in CODE_EXTRACTIONS:
-      raise ValueError(f"CodeRewardConfig.extraction: unknown {self.extraction!r}; "
-                       f"expected one of {CODE_EXTRACTIONS}")
+      raise ValueError(
+        f"CodeRewardConfig.extraction: unknown {self.extraction!r}; "
+        f"expected one of {CODE_EXTRACTIONS}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +115,7 @@ class Verdict:
   failed). reason: "ok" when all passed, else the first failure's (`REASONS`). detail: a
   short human-readable note on that failure.
   """
+
   passed: int
   total: int
   reason: str
@@ -106,6 +129,7 @@ class CodeScore:
   rewards: 1.0 / 0.0 (all tests pass), or the pass fraction with `pass_fraction`.
   correct: every test passed. reasons: how many responses ended with each reason.
   """
+
   rewards: np.ndarray
   correct: np.ndarray
   verdicts: list

@@ -31,15 +31,13 @@ import time
 _RESULT_FD = 3
 _MAX_FD = 1024
 _POLL_S = 0.01
-_SIGNAL_NAMES = {getattr(signal, n): n for n in dir(signal)
-                 if n.startswith("SIG") and not n.startswith("SIG_") and isinstance(getattr(signal, n), int)}
 
 
 def _write_all(fd, data):
   """Writes every byte of `data` to fd."""
   view = memoryview(data)
   while view:
-    view = view[os.write(fd, view):]
+    view = view[os.write(fd, view) :]
 
 
 def _send(msg):
@@ -67,6 +65,7 @@ def _set_limit(which, value):
 def _non_dumpable():
   """prctl(PR_SET_DUMPABLE, 0): our /proc files and memory are closed to the other processes."""
   import ctypes
+
   if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
     raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
@@ -139,15 +138,16 @@ def _run_case(job, case):
   return result
 
 
-def _case_main(job, case, input_fd, out_w, res_w):
+def _case_main(job, case, input_fd, out_w, res_w, in_namespace):
   """The forked case process: fresh fds and limits, run, report on fd 3, exit."""
+  code = 1
   try:
     null = os.open(os.devnull, os.O_WRONLY)
     for src, dst in ((input_fd, 0), (out_w, 1), (null, 2), (res_w, _RESULT_FD)):
       os.dup2(src, dst)
     os.closerange(_RESULT_FD + 1, _MAX_FD)
-    if os.getpid() != 1 and os.getppid() != 1 and not job.get("pid_namespace"):
-      os.setpgid(0, 0)
+    if not in_namespace:
+      os.setpgid(0, 0)  # its group is what gets killed
     signal.signal(signal.SIGINT, signal.default_int_handler)
     lim = job["limits"]
     cpu = max(1, int(lim["cpu_s"] + 0.999))
@@ -160,13 +160,14 @@ def _case_main(job, case, input_fd, out_w, res_w):
     except (TypeError, ValueError, RecursionError) as e:
       line = json.dumps({"status": "runtime_error", "detail": f"unreportable result: {e}"})
     _write_all(_RESULT_FD, ("\n" + line + "\n").encode())
+    code = 0
   except MemoryError:
     try:
       _write_all(_RESULT_FD, b'\n{"status": "memory", "detail": "MemoryError"}\n')
     except BaseException:  # noqa: BLE001
       pass
   finally:
-    os._exit(0)
+    os._exit(code)
 
 
 # ---------------------------------------------------------------------------
@@ -204,27 +205,31 @@ def _kill_rest(child, statuses, in_namespace):
         os.killpg(child, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
       pass
-    time.sleep(0.001 if in_namespace else 0)
+    time.sleep(0.001)
     _reap(child, statuses)
     if child in statuses and (not in_namespace or _no_children()):
       return
-  if child not in statuses:                      # pragma: no cover - a process stuck in D state
+  if child not in statuses:  # pragma: no cover - a process stuck in D state
     statuses[child] = (signal.SIGKILL, 0.0)
 
 
 def _no_children():
-  """True when we have no child processes left (exited ones are reaped first)."""
+  """True when no child process is left (one that exited meanwhile is reaped)."""
   try:
-    return os.waitpid(-1, os.WNOHANG) == (0, 0) and False
+    os.waitpid(-1, os.WNOHANG)
   except ChildProcessError:
     return True
+  return False
 
 
 def _classify(kind, status, cpu_s, limit_cpu, result):
   """(status, detail) from the case's wait status, its CPU time and its result message."""
   if os.WIFSIGNALED(status):
     sig = os.WTERMSIG(status)
-    name = _SIGNAL_NAMES.get(sig, str(sig))
+    try:
+      name = signal.Signals(sig).name
+    except ValueError:
+      name = str(sig)
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limit_cpu):
       return "timeout", f"CPU limit ({name})"
     if sig == signal.SIGXFSZ:
@@ -258,7 +263,12 @@ def _run_one(job, index, case, in_namespace):
   res_r, res_w = os.pipe()
   child = os.fork()
   if child == 0:
-    _case_main(job, case, input_fd, out_w, res_w)
+    _case_main(job, case, input_fd, out_w, res_w, in_namespace)
+  if not in_namespace:
+    try:
+      os.setpgid(child, child)  # also here: no race with the kill below
+    except OSError:
+      pass
   for fd in (input_fd, out_w, res_w):
     os.close(fd)
   bufs = {out_r: bytearray(), res_r: bytearray()}
@@ -282,7 +292,7 @@ def _run_one(job, index, case, in_namespace):
       if len(bufs[fd]) > caps[fd]:
         verdict = ("output_limit", f"more than {lim['output_bytes']} bytes of output")
     if child in statuses and not ready:
-      break                                        # exited and its pipes are drained
+      break  # exited and its pipes are drained
   _kill_rest(child, statuses, in_namespace)
   for fd in (out_r, res_r):
     os.close(fd)

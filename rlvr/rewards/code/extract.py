@@ -8,8 +8,9 @@ from rlvr.rewards.code.config import CODE_EXTRACTIONS
 from rlvr.rewards.extraction import after_thinking
 
 # A closed fence with its info string; only python, python3, py or none is code of ours.
-_FENCE_RE = re.compile(r"^[ \t]*```[ \t]*(\S*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$",
-                       re.MULTILINE | re.DOTALL)
+_FENCE_RE = re.compile(
+  r"^[ \t]*```[ \t]*(\S*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL
+)
 
 
 def last_python_block(text: str) -> str | None:

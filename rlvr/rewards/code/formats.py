@@ -1,0 +1,193 @@
+"""Test formats as datasets ship them, and how outputs are compared: `parse_tests`, `TestSpec`.
+
+- stdin/stdout (Apps, CodeContests, TACO, PRIME-RL): `{"inputs": [...], "outputs": [...]}`
+  (also `input` / `output`); an input or output may be a list of lines. Outputs match line by
+  line, each line as its whitespace-separated tokens (so spacing, `\\r\\n` and blank lines at
+  either end do not matter); with a float tolerance, numeric tokens also match when close.
+- call-based (Apps, TACO): `{"fn_name": ..., "inputs": [[args], ...], "outputs": [...]}`;
+  the function is top-level or a method of `class Solution`. Returned values travel as JSON
+  (tuples become lists, sets sorted lists); an expected value wrapped in a one-element list
+  also matches its element (Apps' convention).
+- assert-based (HumanEval, MBPP): `{"test": "<code defining check(candidate)>",
+  "entry_point": ...}`, or `{"test_list": ["assert ...", ...]}`; one test, passed when the
+  checks raise nothing.
+
+A JSON string of any of these (how Apps stores `input_output`) is parsed first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+KINDS = ("stdio", "call", "assert")
+
+
+def _text(value, what: str) -> str:
+  """A str, or a list of lines joined by newlines."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, list) and all(isinstance(v, str) for v in value):
+    return "\n".join(value)
+  raise TypeError(f"{what}: expected a str or a list of str, got {type(value).__name__}")
+
+
+def _json_value(value, what: str):
+  """`value` as it reads back from JSON (the form the judge's results take)."""
+  try:
+    return json.loads(json.dumps(value))
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{what}: not JSON-serializable ({e})") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TestSpec:
+  """One problem's tests in one of `KINDS`: inputs, expected outputs, and how to call."""
+
+  kind: str
+  inputs: tuple
+  outputs: tuple
+  fn_name: str | None = None
+  test: str | None = None
+  entry_point: str | None = None
+
+  @property
+  def total(self) -> int:
+    return len(self.inputs)
+
+  def job(self, program: str, limits) -> dict:
+    """The judge's job: the program, the inputs (never the expected outputs), the limits."""
+    return {
+      "kind": self.kind,
+      "program": program,
+      "cases": list(self.inputs),
+      "fn_name": self.fn_name,
+      "test": self.test,
+      "entry_point": self.entry_point,
+      "limits": {
+        "cpu_s": limits.cpu_s,
+        "wall_s": limits.wall_s,
+        "memory_bytes": limits.memory_bytes,
+        "output_bytes": limits.output_bytes,
+        "file_bytes": limits.file_bytes,
+      },
+    }
+
+  def judge(self, index: int, msg: dict, float_tol: float) -> tuple[bool, str, str]:
+    """(passed, reason, detail) of the judge's message on case `index`."""
+    status = msg.get("status")
+    if status != "ok":
+      known = ("wrong_answer", "timeout", "memory", "runtime_error", "output_limit")
+      return False, status if status in known else "runtime_error", str(msg.get("detail", ""))
+    if self.kind == "assert":
+      return True, "ok", ""
+    want = self.outputs[index]
+    if self.kind == "stdio":
+      got = msg.get("stdout", "")
+      ok = lines_match(got if isinstance(got, str) else "", want, float_tol)
+    else:
+      got = msg.get("value")
+      ok = values_match(got, want, float_tol)
+    return ok, "ok" if ok else "wrong_answer", f"expected {_short(want)}, got {_short(got)}"
+
+
+def _short(value, n: int = 80) -> str:
+  text = repr(value)
+  return text if len(text) <= n else text[:n] + "..."
+
+
+def parse_tests(tests) -> TestSpec:
+  """A `TestSpec` from a dict (or its JSON string) in any of the formats above."""
+  if isinstance(tests, TestSpec):
+    return tests
+  if isinstance(tests, (str, bytes)):
+    tests = json.loads(tests)
+  if not isinstance(tests, dict):
+    raise TypeError(f"tests: expected a dict or its JSON string, got {type(tests).__name__}")
+  if "test" in tests or "test_list" in tests:
+    test = tests.get("test")
+    if test is None:
+      test = "\n".join(_text(t, "tests.test_list[]") for t in tests["test_list"])
+    entry = tests.get("entry_point") or None
+    return TestSpec("assert", (None,), (None,), test=_text(test, "tests.test"), entry_point=entry)
+  inputs = tests.get("inputs", tests.get("input"))
+  outputs = tests.get("outputs", tests.get("output"))
+  if not isinstance(inputs, list) or not isinstance(outputs, list):
+    raise ValueError(
+      f"tests: expected lists under inputs/outputs (or test / test_list), got keys {sorted(tests)}"
+    )
+  if not inputs or len(inputs) != len(outputs):
+    raise ValueError(
+      f"tests: need as many outputs as inputs, at least one ({len(inputs)} vs {len(outputs)})"
+    )
+  fn_name = tests.get("fn_name") or None
+  if fn_name is None:
+    return TestSpec(
+      "stdio",
+      tuple(_text(x, "tests.inputs[]") for x in inputs),
+      tuple(_text(y, "tests.outputs[]") for y in outputs),
+    )
+  args = tuple(_json_value(x if isinstance(x, list) else [x], "tests.inputs[]") for x in inputs)
+  return TestSpec(
+    "call", args, tuple(_json_value(y, "tests.outputs[]") for y in outputs), fn_name=str(fn_name)
+  )
+
+
+# ---------------------------------------------------------------------------
+# Comparisons.
+
+
+def _lines(text: str) -> list[list[str]]:
+  """Whitespace-separated tokens per line, blank lines at either end dropped."""
+  lines = [line.split() for line in text.splitlines()]
+  while lines and not lines[-1]:
+    lines.pop()
+  start = 0
+  while start < len(lines) and not lines[start]:
+    start += 1
+  return lines[start:]
+
+
+def _close(a: float, b: float, tol: float) -> bool:
+  return a == b or (tol > 0 and math.isclose(a, b, rel_tol=tol, abs_tol=tol))
+
+
+def _token_match(a: str, b: str, tol: float) -> bool:
+  if a == b:
+    return True
+  if tol <= 0:
+    return False
+  try:
+    return _close(float(a), float(b), tol)
+  except ValueError:
+    return False
+
+
+def lines_match(got: str, want: str, float_tol: float = 0.0) -> bool:
+  """Whether stdout `got` matches `want` line by line, token by token."""
+  g, w = _lines(got), _lines(want)
+  return len(g) == len(w) and all(
+    len(a) == len(b) and all(_token_match(x, y, float_tol) for x, y in zip(a, b))
+    for a, b in zip(g, w)
+  )
+
+
+def _value_eq(a, b, tol: float) -> bool:
+  """JSON values equal; numbers within tolerance; a bool matches only a bool."""
+  if isinstance(a, bool) or isinstance(b, bool):
+    return type(a) is type(b) and a == b
+  if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+    return _close(float(a), float(b), tol) if tol > 0 else a == b
+  if isinstance(a, list) and isinstance(b, list):
+    return len(a) == len(b) and all(_value_eq(x, y, tol) for x, y in zip(a, b))
+  if isinstance(a, dict) and isinstance(b, dict):
+    return a.keys() == b.keys() and all(_value_eq(a[k], b[k], tol) for k in a)
+  return type(a) is type(b) and a == b
+
+
+def values_match(got, want, float_tol: float = 0.0) -> bool:
+  """Whether a returned value matches the expected one (or the sole element wrapping it)."""
+  if _value_eq(got, want, float_tol):
+    return True
+  return isinstance(want, list) and len(want) == 1 and _value_eq(got, want[0], float_tol)

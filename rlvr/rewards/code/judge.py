@@ -1,0 +1,122 @@
+"""Programs against their tests, in the sandbox: `run_tests` (one) and `score` (many)."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import time
+from typing import Sequence
+
+import numpy as np
+
+from rlvr.rewards.code import sandbox as sandbox_lib
+from rlvr.rewards.code.config import CodeLimits, CodeRewardConfig, CodeScore, Verdict
+from rlvr.rewards.code.extract import extract_program
+from rlvr.rewards.code.formats import TestSpec, parse_tests
+
+_LOG = logging.getLogger(__name__)
+_STARTUP_S = 15.0  # the judge's own start, on top of the cases' wall limits
+_CASE_SLACK_S = 1.0  # per case: fork, reporting, killing what is left
+# How a run that stopped before its last case failed the cases it did not report.
+_ENDS = {
+  "deadline": ("timeout", "the run passed its overall time limit"),
+  "overflow": ("output_limit", "a report line passed its cap"),
+  "bad": ("runtime_error", "the judge's report was malformed"),
+  "eof": ("runtime_error", "the judge ended before the last test"),
+  "done": ("runtime_error", "the judge reported fewer tests than it was given"),
+}
+
+
+def run_tests(
+  program: str | None,
+  tests,
+  limits: CodeLimits | None = None,
+  *,
+  sandbox: str = "bwrap",
+  float_tol: float = 0.0,
+  stop_early: bool = False,
+) -> Verdict:
+  """Runs `program` on `tests` (any format of `formats`) in one sandbox; its `Verdict`.
+
+  Each test case runs in a fresh process under `limits`. With `stop_early` the run ends at
+  the first failure (what a binary reward needs). Raises CodeSandboxError when the sandbox
+  is missing or broken (never runs the code some other way).
+  """
+  spec = parse_tests(tests)
+  if program is None or not program.strip():
+    return Verdict(0, spec.total, "no_code", "no program in the response")
+  limits = limits or CodeLimits()
+  sandbox_lib.check_sandbox(sandbox)
+  passed, seen, failure = 0, 0, None
+  deadline = time.monotonic() + _STARTUP_S + spec.total * (limits.wall_s + _CASE_SLACK_S)
+  with sandbox_lib.Run(spec.job(program, limits), limits, sandbox) as run:
+    for msg in run.messages(deadline):
+      if msg.get("case") != seen:
+        run.end = "bad"
+        break
+      ok, reason, detail = spec.judge(seen, msg, float_tol)
+      seen += 1
+      passed += ok
+      if not ok and failure is None:
+        failure = (reason, f"test {seen - 1}: {detail}")
+        if stop_early:
+          break
+  if failure is None and seen < spec.total:
+    failure = _unfinished(run)
+  if failure is None:
+    return Verdict(passed, spec.total, "ok")
+  return Verdict(passed, spec.total, failure[0], failure[1][:500])
+
+
+def _unfinished(run: sandbox_lib.Run) -> tuple[str, str]:
+  """(reason, detail) of a run whose report stopped early."""
+  if not run.ready:
+    why = run.stderr.decode("utf-8", "replace").strip()[-300:]
+    return "sandbox_error", f"the judge did not start ({run.end}): {why}"
+  return _ENDS[run.end]
+
+
+def score(
+  responses: Sequence[str], tests_list: Sequence, cfg: CodeRewardConfig = CodeRewardConfig()
+) -> CodeScore:
+  """Rewards of `responses`, each run against its tests, `cfg.workers` sandboxes at a time.
+
+  Reward 1 when every test passes (0 otherwise), or the fraction passed with
+  `cfg.pass_fraction`. Checks the sandbox before running anything.
+  """
+  if isinstance(responses, str):
+    raise TypeError("responses: expected a sequence of strings, got a single str")
+  if len(responses) != len(tests_list):
+    raise ValueError(
+      f"responses / tests_list: lengths differ ({len(responses)} vs {len(tests_list)})"
+    )
+  specs = [parse_tests(t) for t in tests_list]
+  sandbox_lib.check_sandbox(cfg.sandbox)
+  programs = [extract_program(r, cfg.extraction) for r in responses]
+
+  def one(args: tuple[str | None, TestSpec]) -> Verdict:
+    return run_tests(
+      args[0],
+      args[1],
+      cfg.limits,
+      sandbox=cfg.sandbox,
+      float_tol=cfg.float_tol,
+      stop_early=not cfg.pass_fraction,
+    )
+
+  with concurrent.futures.ThreadPoolExecutor(cfg.workers, "rlvr-code") as pool:
+    verdicts = list(pool.map(one, zip(programs, specs)))
+  correct = np.array([v.reason == "ok" for v in verdicts], bool)
+  if cfg.pass_fraction:
+    rewards = np.array([v.passed / v.total for v in verdicts], np.float32)
+  else:
+    rewards = correct.astype(np.float32)
+  reasons = dict(collections.Counter(v.reason for v in verdicts))
+  if reasons.get("sandbox_error"):
+    _LOG.warning(
+      "code reward: %d of %d runs failed in the sandbox itself (scored 0)",
+      reasons["sandbox_error"],
+      len(verdicts),
+    )
+  return CodeScore(rewards=rewards, correct=correct, verdicts=verdicts, reasons=reasons)
