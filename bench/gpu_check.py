@@ -190,7 +190,7 @@ def learner_step(cfg, params, s, attention_impl: str, peak_tflops):
     tokens_bt=jnp.asarray(rng.randint(0, cfg.vocab_size, (rows, t)), jnp.int32),
     segment_bt=jnp.ones((rows, t), jnp.int32),
     loss_mask_bt=jnp.asarray(mask),
-    advantages_b=jnp.asarray(rng.randn(rows), jnp.float32),
+    advantages=jnp.asarray(rng.randn(rows), jnp.float32),
   )
   state = learner.init_state(cfg, lc, params, mesh)
   update = learner.make_update_fn(cfg, lc, mesh)

@@ -99,7 +99,7 @@ def bench_ours(cfg, tokens, mask, adv):
     tokens_bt=jnp.asarray(tokens),
     segment_bt=jnp.ones_like(tokens),
     loss_mask_bt=jnp.asarray(mask),
-    advantages_b=jnp.asarray(adv),
+    advantages=jnp.asarray(adv),
   )
   t = time.perf_counter()
   state, m = update(state, batch)

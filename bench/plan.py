@@ -106,10 +106,10 @@ def plan(cfg, devices: int) -> dict:
     tokens_bt=spec((rows, t), jnp.int32),
     segment_bt=spec((rows, t), jnp.int32),
     loss_mask_bt=spec((rows, t), jnp.float32),
-    advantages_b=spec(per_row, jnp.float32),
+    advantages=spec(per_row, jnp.float32),
     old_logp_bt=spec((rows, t), jnp.float32),
     sampler_logp_bt=spec((rows, t), jnp.float32),
-    truncated_b=spec(per_row, jnp.bool_),
+    truncated=spec(per_row, jnp.bool_),
     positions_bt=spec((rows, t), jnp.int32) if rl.pack else None,
   )
   compiled = learner.jit_train_step(model_cfg, lc, mesh, batch).lower(state, batch).compile()

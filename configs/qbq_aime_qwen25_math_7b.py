@@ -40,7 +40,6 @@ def get_config():
     "qbq_aime_qwen25_math_7b", steps=20 * 150, method="qbq", integer_answers=True, fsdp=8
   )
   c.data.eval_paths = [AIME_2025]
-  c.data.instruction = "Please reason step by step, and put your final answer within \\boxed{}."
   c.qbq.rounds = 20
   c.qbq.steps_per_round = 150
   c.qbq.integer_answers = True

@@ -15,7 +15,6 @@ from configs import base
 
 def composition_rl(c):
   """Composition-RL's GRPO and evaluation settings on top of `base.paper`."""
-  c.data.instruction = "Please reason step by step, and put your final answer within \\boxed{}."
   c.rl.loop.max_response_len = 16384
   c.rl.loop.max_extra_rounds = 4  # dynamic sampling refills the batch (DAPO-style)
   c.eval.sampling.n = 32  # avg@32

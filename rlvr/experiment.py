@@ -184,3 +184,22 @@ def scale_down(cfg, steps: int = 2):
   if q.teacher.startswith(("http://", "https://")) or not q.teacher:
     q.teacher = "policy"
   return c
+
+
+def check_mesh(s: Settings, mesh_shape: dict[str, int]) -> None:
+  """Batch sizes the data-parallel devices (mesh data x fsdp) do not split."""
+  dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
+  rl = s.rl_loop
+  sizes = [
+    ("rl.loop.pack_min_rows", rl.pack_min_rows)
+    if rl.pack
+    else ("rl.loop.prompts_per_step x group_size", rl.rows)
+  ]
+  if s.sft.steps:
+    sizes.append(("sft.batch_size", s.sft.batch_size))
+  for name, rows in sizes:
+    if rows % dp:
+      raise ValueError(
+        f"{name}: {rows} rows do not split over the {dp} data-parallel devices "
+        f"(mesh data x fsdp = {dp}); use a multiple of {dp} or another mesh"
+      )

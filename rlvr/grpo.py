@@ -103,18 +103,18 @@ def loss_normalizer(
 
 
 def clipped_surrogate(
-  logp_bt, old_logp_bt, adv_b, eps_low: float, eps_high: float, dual_clip: float | None = None
+  logp_bt, old_logp_bt, advantages, eps_low: float, eps_high: float, dual_clip: float | None = None
 ):
   r"""Per-token PPO/GRPO loss with clip-higher and optional dual-clip.
 
-  adv_b: one advantage per row [B], or per token [B, T] (packed rows).
+  advantages: one advantage per row [B], or per token [B, T] (packed rows).
 
   k_t = exp(logp_t - old_logp_t)
   l_t = -min(k_t A, clip(k_t, 1 - eps_low, 1 + eps_high) A)
   dual-clip (A < 0):  l_t = min(l_t, -c A)
   Returns (l_bt, ratio_bt).
   """
-  adv = by_token(adv_b).astype(jnp.float32)
+  adv = by_token(advantages).astype(jnp.float32)
   ratio = jnp.exp(logp_bt.astype(jnp.float32) - old_logp_bt.astype(jnp.float32))
   loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
   if dual_clip is not None:

@@ -141,10 +141,10 @@ class TrainBatch:
   tokens_bt: jax.Array
   segment_bt: jax.Array  # sequence id within the row (1, 2, ...), 0 on padding
   loss_mask_bt: jax.Array  # 1 on completion tokens in the loss
-  advantages_b: jax.Array  # [B], or [B, T] in a packed batch
+  advantages: jax.Array  # [B], or [B, T] in a packed batch
   old_logp_bt: jax.Array | None = None
   sampler_logp_bt: jax.Array | None = None
-  truncated_b: jax.Array | None = None  # [B], or [B, T] in a packed batch
+  truncated: jax.Array | None = None  # [B], or [B, T] in a packed batch
   positions_bt: jax.Array | None = None  # packed batches; None: counted from segment_bt
 
   @property
@@ -318,8 +318,8 @@ def loss_mask(batch: TrainBatch, cfg: LearnerConfig) -> jax.Array:
   """The tokens in the loss: `completion_mask`, less length-truncated completions
   with cfg.mask_truncated."""
   mask = completion_mask(batch)
-  if cfg.mask_truncated and batch.truncated_b is not None:
-    mask = mask & ~grpo.by_token(batch.truncated_b.astype(bool))
+  if cfg.mask_truncated and batch.truncated is not None:
+    mask = mask & ~grpo.by_token(batch.truncated.astype(bool))
   return mask
 
 
@@ -347,7 +347,7 @@ def micro_loss(
   loss, aux = grpo.policy_loss(
     logp,
     old,
-    batch.advantages_b,
+    batch.advantages,
     mask,
     cfg.eps_low,
     cfg.eps_high,

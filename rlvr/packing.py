@@ -126,13 +126,13 @@ def build_batch(
     real = index >= 0
     return dict(
       arrays,
-      advantages_b=np.where(real, adv[index], 0.0).astype(np.float32),
-      truncated_b=real & truncated[index],
+      advantages=np.where(real, adv[index], 0.0).astype(np.float32),
+      truncated=real & truncated[index],
     )
   rows = bucket(len(seqs), min_rows or cfg.rows) if rows is None else rows
   arrays = pack_rows(seqs, rows, seq_len, pad_id)
   return dict(
     arrays,
-    advantages_b=np.pad(adv, (0, rows - len(seqs))),
-    truncated_b=np.pad(truncated, (0, rows - len(seqs))),
+    advantages=np.pad(adv, (0, rows - len(seqs))),
+    truncated=np.pad(truncated, (0, rows - len(seqs))),
   )

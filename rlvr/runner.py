@@ -414,6 +414,7 @@ def run(cfg) -> dict:
   checked = experiment.check(cfg)  # every setting, before anything is built or trained
   r = setup(cfg)
   experiment.check_eval_fits(checked.eval.sampling, r.context)
+  experiment.check_mesh(checked, dict(r.mesh.shape))
   check_phases(r)
   reward_cfg, lc = checked.reward, checked.rl_learner
   method = methods.make(cfg, r.prompts(r.data.train, "train"))

@@ -22,7 +22,7 @@ def sft_arrays(
 
   arrays = pack_rows([(p, c, None) for p, c in pairs], len(pairs), seq_len, pad_id)
   del arrays["sampler_logp_bt"]  # no sampler: no mismatch metrics
-  return dict(arrays, advantages_b=np.ones((len(pairs),), np.float32))
+  return dict(arrays, advantages=np.ones((len(pairs),), np.float32))
 
 
 def run_sft(

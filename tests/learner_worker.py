@@ -28,7 +28,7 @@ def make_batch(step: int, vocab: int):
   for i in range(B):
     loss_mask[i, 16 + rng.randint(4, T - 16) :] = 0  # ragged completion lengths
   adv = rng.randn(B).astype(np.float32)
-  return dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=loss_mask, advantages_b=adv)
+  return dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=loss_mask, advantages=adv)
 
 
 def learner_config(**kw):

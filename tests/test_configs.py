@@ -243,3 +243,19 @@ def test_a_rerun_with_other_settings_for_a_finished_phase_stops(tmp_path):
     with pytest.raises(ValueError) as e:
       runner.check_phases(runner.setup(changed))
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_batches_the_mesh_does_not_split_are_refused():
+  from rlvr import experiment
+
+  checked = experiment.check(_load("tiny_rlvr"))  # 16 prompts x 8, SFT batches of 32
+  experiment.check_mesh(checked, {"data": 2, "fsdp": 4, "tensor": 1})
+  with pytest.raises(ValueError) as e:
+    experiment.check_mesh(checked, {"data": 1, "fsdp": 3, "tensor": 1})
+  assert str(e.value) == (
+    "rl.loop.prompts_per_step x group_size: 128 rows do not split over the 3 data-parallel "
+    "devices (mesh data x fsdp = 3); use a multiple of 3 or another mesh"
+  )
+  packed = experiment.check(_load("tiny", "--config.rl.loop.pack_min_rows=6"))
+  with pytest.raises(ValueError, match=r"^rl.loop.pack_min_rows: 6 rows do not split over the 4"):
+    experiment.check_mesh(packed, {"data": 1, "fsdp": 4, "tensor": 1})

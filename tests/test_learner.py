@@ -104,7 +104,7 @@ def test_learning_sanity_logprob_moves_with_advantage_sign(tiny):
   b = worker.make_batch(0, cfg.vocab_size)
   logp_fn = learner.make_logprob_fn(cfg, lc)
   for sign in (1.0, -1.0):
-    batch = learner.TrainBatch(**dict(b, advantages_b=np.full(worker.B, sign, np.float32)))
+    batch = learner.TrainBatch(**dict(b, advantages=np.full(worker.B, sign, np.float32)))
     mask = np.asarray(learner.loss_mask(batch, lc))
     state = learner.init_state(cfg, lc, params, mesh)
     update = learner.make_update_fn(cfg, lc, mesh)
@@ -150,7 +150,7 @@ def test_kl_and_masks_and_tis_run(tiny):
   trunc = np.zeros(worker.B, bool)
   trunc[:4] = True
   sampler = np.asarray(learner.make_logprob_fn(cfg, lc)(params, learner.TrainBatch(**b))) - 0.05
-  batch = learner.TrainBatch(**b, sampler_logp_bt=sampler, truncated_b=trunc)
+  batch = learner.TrainBatch(**b, sampler_logp_bt=sampler, truncated=trunc)
   update = learner.make_update_fn(cfg, lc, mesh)
   state, m = update(state, batch)
   expected_tokens = (np.asarray(learner.loss_mask(batch, lc))).sum()

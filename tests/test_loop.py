@@ -72,7 +72,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   arrays = packing.build_batch(kept, RL, tok.pad_token_id)
   assert arrays["tokens_bt"].shape == (RL.rows, RL.seq_len)
   # advantages: zero-mean within each group, completion tokens in the loss only
-  adv = arrays["advantages_b"].reshape(RL.prompts_per_step, RL.group_size)
+  adv = arrays["advantages"].reshape(RL.prompts_per_step, RL.group_size)
   np.testing.assert_allclose(adv.mean(axis=1), 0, atol=1e-6)
   for r, (g, c) in enumerate((grp, c) for grp in kept for c in grp.completions):
     p = len(g.prompt.ids)

@@ -196,7 +196,7 @@ def _train(cfg, params, lc, mesh, steps=3):
   update = learner.make_update_fn(cfg, lc, mesh)
   for s in range(steps):
     b = worker.make_batch(s, cfg.vocab_size)
-    b["advantages_b"] = np.abs(b["advantages_b"]) + 0.5  # SFT-like: raise every completion
+    b["advantages"] = np.abs(b["advantages"]) + 0.5  # SFT-like: raise every completion
     state, _ = update(
       state,
       learner.TrainBatch(

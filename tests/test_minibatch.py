@@ -43,7 +43,7 @@ def _params(state):
   return jax.tree.leaves(jax.device_get(state.params))
 
 
-def test_one_mini_batch_is_todays_update_bit_for_bit(rollout, one_device_learner):
+def test_one_mini_batch_is_the_single_step_update_bit_for_bit(rollout, one_device_learner):
   cfg, params, pad, groups = rollout
   results = []
   for rl in (RL, dataclasses.replace(RL, ppo_mini_batch_size=RL.prompts_per_step)):
@@ -128,10 +128,10 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
   assert packed["tokens_bt"].size < plain["tokens_bt"].size
   assert (packed["segment_bt"] == 0).sum() <= (plain["segment_bt"] == 0).sum() / 2  # padding
   assert packed["loss_mask_bt"].sum() == plain["loss_mask_bt"].sum()
-  assert packed["truncated_b"].shape == packed["tokens_bt"].shape
-  assert packed["truncated_b"].sum() > 0  # some sampled completions hit max_response_len
-  assert np.sort(packed["advantages_b"][packed["loss_mask_bt"] > 0]).tolist() == pytest.approx(
-    np.sort(np.repeat(plain["advantages_b"], plain["loss_mask_bt"].sum(1).astype(int)))
+  assert packed["truncated"].shape == packed["tokens_bt"].shape
+  assert packed["truncated"].sum() > 0  # some sampled completions hit max_response_len
+  assert np.sort(packed["advantages"][packed["loss_mask_bt"] > 0]).tolist() == pytest.approx(
+    np.sort(np.repeat(plain["advantages"], plain["loss_mask_bt"].sum(1).astype(int)))
   )
 
   lc = dict(aggregation=aggregation, mask_truncated=True, micro_batches=2)

@@ -101,7 +101,7 @@ def test_reset_optimizer_equals_a_fresh_optimizer(one_device_learner, tiny_dirs)
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   state, update, to_batch = one_device_learner(cfg, params, 1e-3)
   arrays = packing.pack_rows([((1, 2, 3), (4, 5, 6), None)], 2, 16, 0)
-  batch = to_batch(dict(arrays, advantages_b=np.array([1.0, 0.0], np.float32)))
+  batch = to_batch(dict(arrays, advantages=np.array([1.0, 0.0], np.float32)))
   fresh = [np.asarray(a) for a in jax.tree.leaves(state.opt_state)]
   stepped, _ = update(state, batch)  # donates `state`
   reset = learner.reset_optimizer(stepped)

@@ -60,8 +60,8 @@ def test_all_m_normaliser_divides_by_every_completion(tiny_dirs):
   ]
   arrays = packing.pack_rows(rows, 4, 16)
   arrays.update(
-    advantages_b=np.array([1.0, -1.0, 0.5, -0.5], np.float32),
-    truncated_b=np.array([False, False, False, True]),
+    advantages=np.array([1.0, -1.0, 0.5, -0.5], np.float32),
+    truncated=np.array([False, False, False, True]),
   )
   batch = learner.TrainBatch(**{k: jax.device_put(v) for k, v in arrays.items()})
   loss = {}
