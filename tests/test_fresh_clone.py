@@ -2,7 +2,7 @@
 main command.
 
 A `git clone` holds only committed files (nothing untracked, ignored or built here, no
-`../shared` beside it); `bash scripts/setup.sh` makes its .venv from requirements.lock,
+development folder beside it); `bash scripts/setup.sh` makes its .venv from requirements.lock,
 and the README's main command runs from that venv, scaled down by flags, with HOME (so the
 tiny-model and HF caches) in the test's temporary directory. About 100 s on 2 CPU cores:
 the clone 0.1 s, setup.sh 45 s (pip installs from its index; nothing cached between runs),
@@ -67,9 +67,10 @@ def test_readme_setup_and_main_command_in_a_fresh_clone(tmp_path, monkeypatch):
   env.update(HOME=str(home), JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
   try:
     _, t_clone = _run(["git", "clone", "-q", REPO, str(clone)], tmp_path, env, 120)
-    # Nothing committed points next to the checkout (the development machine's ../shared).
+    # Nothing committed points to a folder beside the checkout (the development machines').
+    beside = os.path.join("..", "shared")
     grep = subprocess.run(
-      ["git", "grep", "-n", "-F", "../shared"], cwd=clone, capture_output=True, text=True
+      ["git", "grep", "-n", "-F", beside], cwd=clone, capture_output=True, text=True
     )
     assert grep.returncode == 1 and not grep.stdout, grep.stdout
 
