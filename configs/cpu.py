@@ -5,7 +5,7 @@ minutes: the mesh on the local devices, the in-process sampler, short lengths, 4
 per step, a few eval problems. Give it a model (an HF dir, or `launch.make_tiny`'s) and a
 training file; any `--config.x=...` after it still applies:
 
-  python -m launch.make_tiny --out=/tmp/tiny --family=qwen2
+  python -m launch.make_tiny --out=/tmp/tiny --family=qwen2   # or any HF model dir
   python -m launch.train --config=configs/cpu.py:svs_math12k_qwen25_3b \
       --config.model.path=/tmp/tiny --config.data.train_path=tests/data/dapo_math_17k_first500.parquet
 """
