@@ -99,14 +99,36 @@ def main(argv):
   # Outside the SFT / RL loops (which stop after a whole step and save, `rlvr.interrupt`),
   # SIGTERM interrupts like Ctrl-C: set-up or an evaluation in progress is abandoned
   # (nothing half-written: results and checkpoints are written whole) and reported below.
+  pending = []
+
   def _interrupt(signum, frame):
     del frame
+    pending.append(signum)
     raise KeyboardInterrupt(signum)
 
+  def _raise_again(signum, frame):
+    del signum, frame
+    raise KeyboardInterrupt(pending[0])
+
+  # Python drops an exception raised while it runs a callback of its own (a gc callback,
+  # a __del__) and prints it as "ignored": raise the interrupt again right after, where
+  # the run sees it, and print nothing for the dropped one.
+  default_hook = sys.unraisablehook
+
+  def _dropped(unraisable):
+    if pending and isinstance(unraisable.exc_value, KeyboardInterrupt):
+      signal.setitimer(signal.ITIMER_REAL, 0.01)
+    else:
+      default_hook(unraisable)
+
+  sys.unraisablehook = _dropped
+  signal.signal(signal.SIGALRM, _raise_again)
   signal.signal(signal.SIGTERM, _interrupt)
+  signal.signal(signal.SIGINT, _interrupt)
   try:
     summary = runner.run(cfg)
   except KeyboardInterrupt as e:
+    signal.setitimer(signal.ITIMER_REAL, 0)
     if FLAGS.verbose:
       raise
     signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
