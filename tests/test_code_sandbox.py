@@ -342,9 +342,20 @@ def test_pass_fraction():
 # Start-up checks and settings.
 
 
-def test_missing_bwrap_is_an_error(monkeypatch):
-  monkeypatch.setattr(sandbox_lib, "_checked", {})
-  monkeypatch.setattr(sandbox_lib.shutil, "which", lambda name: None)
+@pytest.fixture
+def unprobed():
+  """The sandbox probe forgotten for one test (and restored after it)."""
+  checked, warned = dict(sandbox_lib._checked), list(sandbox_lib._warned)
+  sandbox_lib._checked.clear()
+  sandbox_lib._warned.clear()
+  yield
+  sandbox_lib._checked.clear()
+  sandbox_lib._checked.update(checked)
+  sandbox_lib._warned[:] = warned
+
+
+def test_missing_bwrap_is_an_error(monkeypatch, tmp_path, unprobed):
+  monkeypatch.setenv("PATH", str(tmp_path))  # a PATH without bwrap
   with pytest.raises(code.CodeSandboxError, match="apt-get install bubblewrap"):
     code.check_sandbox()
   assert not code.sandbox_available()
@@ -352,18 +363,16 @@ def test_missing_bwrap_is_an_error(monkeypatch):
     code.run_tests("print(4)", DOUBLE, LIMITS)  # never runs it some other way
 
 
-def test_broken_bwrap_is_an_error(monkeypatch, tmp_path):
-  fake = tmp_path / "bwrap"
+def test_broken_bwrap_is_an_error(monkeypatch, tmp_path, unprobed):
+  fake = tmp_path / "bwrap"  # a bwrap that cannot make namespaces, first on PATH
   fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
   fake.chmod(0o755)
-  monkeypatch.setattr(sandbox_lib, "_checked", {})
-  monkeypatch.setattr(sandbox_lib.shutil, "which", lambda name: str(fake))
+  monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
   with pytest.raises(code.CodeSandboxError, match="does not work here.*No permissions"):
     code.check_sandbox()
 
 
-def test_unsandboxed_only_by_choice_with_a_warning(caplog, monkeypatch):
-  monkeypatch.setattr(sandbox_lib, "_warned", [])
+def test_unsandboxed_only_by_choice_with_a_warning(caplog, unprobed):
   with caplog.at_level(logging.WARNING, logger="rlvr.rewards.code.sandbox"):
     v = code.run_tests("print(int(input()) * 2)", DOUBLE, LIMITS, sandbox="none")
   assert v.reason == "ok"
