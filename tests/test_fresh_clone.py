@@ -53,14 +53,14 @@ def _run(cmd, cwd, env, timeout):
 def _main_commands(readme: str) -> tuple[str, str]:
   """The installer and the main command of the README's "Set up and run" section."""
   section = readme.split("## Set up and run", 1)[1].split("\n## ", 1)[0]
-  commands = readme_lib.readme_commands()
+  commands = readme_lib.readme_commands(readme)
   main = next(c for c in commands if c.startswith(".venv/bin/python -m launch.train"))
   assert "bash scripts/setup.sh" in commands and f"bash scripts/setup.sh && {main}" in section
   return "bash scripts/setup.sh", main
 
 
 @pytest.mark.slow
-def test_readme_setup_and_main_command_in_a_fresh_clone(tmp_path, monkeypatch):
+def test_readme_setup_and_main_command_in_a_fresh_clone(tmp_path):
   clone, home = tmp_path / "repo", tmp_path / "home"
   home.mkdir()
   env = {k: v for k, v in os.environ.items() if k not in DROPPED}
@@ -75,7 +75,6 @@ def test_readme_setup_and_main_command_in_a_fresh_clone(tmp_path, monkeypatch):
     assert grep.returncode == 1 and not grep.stdout, grep.stdout
 
     # The clone's README says what to run.
-    monkeypatch.setattr(readme_lib, "README", str(clone / "README.md"))
     setup, main = _main_commands((clone / "README.md").read_text())
     _, t_setup = _run(setup.split(), clone, env, 900)
     where, _ = _run([".venv/bin/python", "-c", "import rlvr; print(rlvr.__file__)"], clone, env, 60)

@@ -91,10 +91,10 @@ def _readme():
     return f.read()
 
 
-def readme_commands() -> list[str]:
-  """Every command of the README's bash blocks, then the inline `python -m launch.*` ones,
-  each on one line with single spaces."""
-  text = _readme()
+def readme_commands(text: str | None = None) -> list[str]:
+  """Every command of the README's bash blocks (of `text`, default this repo's README), then
+  the inline `python -m launch.*` ones, each on one line with single spaces."""
+  text = _readme() if text is None else text
   commands = []
   for block in re.findall(r"```bash\n(.*?)```", text, re.S):
     logical = ""
