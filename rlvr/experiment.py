@@ -158,6 +158,7 @@ def scale_down(cfg, steps: int = 2):
   c.workdir = os.path.join("workdir", "cpu_" + os.path.basename(os.path.normpath(c.workdir)))
   c.mesh = {"data": 1, "fsdp": -1, "tensor": 1}
   c.reward_workers = 2
+  c.reward.code.workers = min(c.reward.code.workers, 4)  # sandboxes at once
   c.sampler.kind = "jax"
   c.rl.steps = steps
   c.checkpoint.every = steps

@@ -31,7 +31,6 @@ from rlvr import (
   learner,
   loop,
   methods,
-  rewards,
   settings,
   sft,
   shaping,
@@ -41,7 +40,7 @@ from rlvr import metrics as metrics_lib
 from rlvr import model as model_lib
 from rlvr.data import format_prompt
 from rlvr.model import hub
-from rlvr.rewards import RewardPool
+from rlvr.rewards.verifiers import open_verifier
 from rlvr.sampling import JaxSampler
 
 # training.png's panels (`metrics.plot_metrics`): held-out pass@1 first, then the RL step's.
@@ -418,10 +417,11 @@ def run(cfg) -> dict:
   check_phases(r)
   reward_cfg, lc = checked.reward, checked.rl_learner
   method = methods.make(cfg, r.prompts(r.data.train, "train"))
-  with RewardPool(workers=cfg.reward_workers, timeout_s=reward_cfg.timeout_s) as pool:
-    score = evaluation.score_fn(pool, reward_cfg)
-    # Evaluation counts correct answers only, with general (not integer-only) matching.
-    eval_score = evaluation.score_fn(pool, dataclasses.replace(reward_cfg, integer_answers=False))
+  with open_verifier(reward_cfg, cfg.reward_workers) as verifier:
+    verifier.check_answers(r.data.train, "data.train_path")
+    for name, exs in r.data.evals.items():
+      verifier.check_answers(exs, f"eval set {name}")
+    score, eval_score = verifier.score, verifier.for_eval().judge
     start_dir = warm_start(r)
     model_cfg = model_lib.ModelConfig.from_hf(start_dir)
     mngr, state, meta = checkpoint.restore_or_init(
@@ -450,9 +450,7 @@ def run(cfg) -> dict:
       encode_task=r.encode_task,
       answer_of=r.data.answer_of,
       shaping_cfg=settings.frozen(shaping.ShapingConfig, cfg.shaping),
-      well_formed=lambda text: rewards.is_well_formed(
-        rewards.extract_answer(text, reward_cfg.extraction), reward_cfg.integer_answers
-      ),
+      well_formed=verifier.well_formed,
     )
     state = train(
       r,

@@ -14,6 +14,9 @@ import re
 from typing import Sequence
 
 _PROMPT_PATH = os.path.join(os.path.dirname(__file__), "prompts", "svs_synthesis.txt")
+# Code (SvS Section 5.4): reconstruct the programming problem, with its input and output
+# formats and constraints, that a correct program answers; our wording.
+_CODE_PROMPT_PATH = os.path.join(os.path.dirname(__file__), "prompts", "svs_synthesis_code.txt")
 MAX_PROBLEM_CHARS = 4000
 
 
@@ -28,6 +31,12 @@ def build_synthesis_prompt(solution_text: str, template: str | None = None) -> s
     with open(_PROMPT_PATH) as f:
       template = f.read()
   return template.replace("{solution}", solution_text.strip())
+
+
+def code_template() -> str:
+  """The synthesis prompt for code (`{solution}` is the correct response, program included)."""
+  with open(_CODE_PROMPT_PATH) as f:
+    return f.read()
 
 
 _TEXT_FENCE = re.compile(r"```text[ \t]*\n(.*?)```", re.DOTALL)
@@ -71,8 +80,9 @@ class SvSConfig:
   mode: str = "svs"  # "svs" or "eup" (second rollout instead of synthesis)
   refill_originals: bool = True  # False: the authors' loop, prompts_per_step originals sampled
   # once, the mixed ones kept; True: dynamic-sampling refill
-  template: str = "default"  # synthesis prompt: "default" (our wording), "arithmetic"
-  # (the procedural task's) or a file path
+  template: str = "default"  # synthesis prompt: "default" (our wording), "code" (a
+  # programming problem from a correct program), "arithmetic" (the procedural task's) or a
+  # file path
 
   def __post_init__(self):
     if not 0 <= self.under_lo <= self.under_hi <= 1:

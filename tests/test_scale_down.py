@@ -14,7 +14,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER = sorted(
   f[:-3]
   for f in os.listdir(os.path.join(REPO, "configs"))
-  if f.startswith(("rlvr_", "svs_", "composition_", "qbq_")) and f != "svs_ablations.py"
+  if f.startswith(("rlvr_", "svs_", "composition_", "qbq_"))
+  and f != "svs_ablations.py"
+  and "primerl" not in f  # code configs: tests/test_code_domain.py, with a code policy
 )
 
 

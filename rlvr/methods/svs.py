@@ -180,9 +180,12 @@ class SvS(Method):
 
 
 def synthesis_template(name: str) -> str | None:
-  """ "default" (our wording), "arithmetic" (the procedural task's short one) or a file path."""
+  """ "default" (our wording), "code" (programming problems: synthesis.svs.code_template),
+  "arithmetic" (the procedural task's short one) or a file path."""
   if name == "default":
     return None
+  if name == "code":
+    return svs.code_template()
   if name == "arithmetic":
     from rlvr.tasks import arithmetic
 

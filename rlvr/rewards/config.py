@@ -7,13 +7,20 @@ import math
 
 import numpy as np
 
+from rlvr.rewards.code.config import CodeRewardConfig
 from rlvr.rewards.extraction import EXTRACTIONS
+
+DOMAINS = ("math", "code")  # what a reference answer is: a final answer, or a program's tests
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
   """How responses are turned into rewards.
 
+  domain: "math" (the response's final answer against the reference answer, math-verify) or
+    "code" (the response's program run against the problem's tests in a sandbox: the
+    reference answer is the tests, `rlvr.rewards.code`); `rlvr.rewards.verifiers`.
+  code: the code reward's settings (sandbox, limits, workers), used by domain "code".
   extraction: "boxed" (last `\\boxed{}`) or "answer_line" (last `Answer: ...`).
   integer_answers: answers are integers (AIME, DAPO-17k): compare as integers,
     and only an integer final answer counts as well-formed.
@@ -23,8 +30,14 @@ class RewardConfig:
   extraction: str = "boxed"
   integer_answers: bool = False
   timeout_s: float = 5.0
+  domain: str = "math"
+  code: CodeRewardConfig = CodeRewardConfig()
 
   def __post_init__(self):
+    if self.domain not in DOMAINS:
+      raise ValueError(f"RewardConfig.domain: unknown {self.domain!r}; expected one of {DOMAINS}")
+    if not isinstance(self.code, CodeRewardConfig):
+      raise TypeError(f"RewardConfig.code: expected CodeRewardConfig, got {self.code!r}")
     if self.extraction not in EXTRACTIONS:
       raise ValueError(
         f"RewardConfig.extraction: unknown {self.extraction!r}; expected one of {EXTRACTIONS}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import random
 import re
 from collections.abc import Iterable, Iterator
@@ -178,6 +179,22 @@ def answer_of(problem_text: str) -> str | None:
 def inverse_pair(problem: Problem) -> tuple[str, str]:
   """(prompt, target) of SvS's synthesis task: recover the problem from its solution."""
   return (INVERSE_TEMPLATE.format(solution=problem.solution), f"```text\n{problem.problem}\n```")
+
+
+def program_tests(answer: str | None) -> str | None:
+  """The code-domain reference of an answer: a program given no input must print it."""
+  return None if answer is None else json.dumps({"inputs": [""], "outputs": [answer]})
+
+
+def as_program(problem: Problem) -> Problem:
+  """The problem answered by a program (reward.domain = "code"): the same worked steps, then
+  a one-line program that prints the result; the reference answer is that program's test."""
+  worked = problem.solution.rsplit(" \\boxed", 1)[0]
+  return dataclasses.replace(
+    problem,
+    solution=f"{worked}\n```python\nprint({problem.answer})\n```",
+    answer=program_tests(problem.answer),
+  )
 
 
 def to_examples(problems: Iterable[Problem]) -> list[Example]:

@@ -1,0 +1,213 @@
+"""Code as a domain of the whole pipeline: training files with tests in a column, the code
+verifier, the paper code configs scaled down, SvS on code, HumanEval through launch.evaluate.
+
+Every program runs in the real bubblewrap sandbox; the policy is the test model after SFT on
+arithmetic answered by programs (worked steps, then a python block printing the result)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlvr import data as data_lib
+from rlvr import datasets
+from rlvr.rewards import RewardConfig
+from rlvr.rewards.code import REASONS
+from rlvr.rewards.verifiers import open_verifier
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CODE_CONFIGS = ("rlvr_primerl_qwen25_7b", "svs_primerl_qwen25_7b")
+CODE = RewardConfig(domain="code")
+
+
+def test_the_code_configs_are_the_paper_configs_the_math_test_leaves_out():
+  from tests import test_scale_down
+
+  shipped = {f[:-3] for f in os.listdir(os.path.join(REPO, "configs")) if "primerl" in f}
+  assert shipped == set(CODE_CONFIGS)
+  assert not shipped & set(test_scale_down.PAPER)
+
+
+def _apps_rows(problems):
+  """Apps / TACO layout: `question`, tests as a JSON string in `input_output`."""
+  return [
+    {"question": p.problem, "input_output": p.answer, "difficulty": "introductory"}
+    for p in problems
+  ]
+
+
+def _primerl_rows(problems):
+  """verl parquet layout (PRIME-RL): chat `prompt`, tests as JSON in reward_model.ground_truth."""
+  return [
+    {
+      "prompt": [{"role": "user", "content": p.problem}],
+      "reward_model": {"ground_truth": p.answer, "style": "rule"},
+      "data_source": "codecontests",
+      "ability": "code",
+    }
+    for p in problems
+  ]
+
+
+@pytest.fixture(scope="module")
+def code_files(tmp_path_factory):
+  """An Apps-style jsonl (train) and a PRIME-RL-style parquet (held out) of arithmetic
+  problems whose tests are "print the result, given no input"."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  from rlvr.tasks import arithmetic
+
+  train, held = arithmetic.make_splits(64, 8, max_operand=9, seed=3)
+  train, held = [[arithmetic.as_program(p) for p in ps] for ps in (train, held)]
+  root = tmp_path_factory.mktemp("code_data")
+  paths = {"train": str(root / "train.jsonl"), "heldout": str(root / "heldout.parquet")}
+  with open(paths["train"], "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in _apps_rows(train))
+  pq.write_table(pa.Table.from_pylist(_primerl_rows(held)), paths["heldout"])
+  return paths
+
+
+def test_both_layouts_read_into_problems_whose_tests_run(code_files):
+  with open_verifier(CODE) as v:
+    for path in code_files.values():
+      exs = list(data_lib.read_dataset(path))
+      v.check_answers(exs, path)
+      answer = json.loads(exs[0].answer)["outputs"][0]
+      right = f"work.\n```python\nprint({answer})\n```"
+      wrong = f"```python\nprint({int(answer) + 1})\n```"
+      rewards, correct, notes = v.judge([right, wrong, "no code"], [exs[0].answer] * 3)
+      assert rewards.tolist() == [1.0, 0.0, 0.0] and correct.tolist() == [True, False, False]
+      assert [n["verdict"] for n in notes] == ["ok", "wrong_answer", "no_code"]
+      assert v.well_formed(right) and not v.well_formed("no code")
+
+
+def test_a_row_without_usable_tests_is_named_by_its_index(tmp_path):
+  path = tmp_path / "bad.jsonl"
+  rows = [
+    {"question": "ok", "input_output": {"inputs": ["1\n"], "outputs": ["1"]}},
+    {"question": "bad", "input_output": '{"inputs": ["1"]}'},  # no outputs
+    {"question": "bad too", "input_output": "not json"},
+  ]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  exs = list(data_lib.read_dataset(str(path)))
+  assert json.loads(exs[0].answer) == rows[0]["input_output"]  # an object is kept as JSON
+  with open_verifier(CODE) as v, pytest.raises(ValueError) as e:
+    v.check_answers(exs, "data.train_path")
+  assert "2 of 3" in str(e.value) and "row 1:" in str(e.value) and "row 2:" in str(e.value)
+
+
+def test_no_sandbox_stops_the_run_before_anything_runs(tmp_path, monkeypatch):
+  from rlvr.rewards.code import CodeSandboxError, sandbox
+
+  monkeypatch.setenv("PATH", str(tmp_path))  # a PATH without bwrap
+  monkeypatch.setattr(sandbox, "_checked", {})  # the probe forgotten for this test
+  with pytest.raises(CodeSandboxError, match="bubblewrap"):
+    with open_verifier(CODE):
+      pass
+
+
+@pytest.fixture(scope="module")
+def code_policy(tiny_dirs, tmp_path_factory):
+  """The test qwen2 model after SFT on 300 arithmetic problems answered by programs, plus
+  their inverse pairs (the synthesis task SvS asks for)."""
+  import jax
+
+  from rlvr import learner, sharding
+  from rlvr.sft import train_sft
+  from rlvr.tasks import arithmetic
+
+  train, _ = arithmetic.make_splits(300, 0, max_operand=9)
+  train = [arithmetic.as_program(p) for p in train]
+  pairs = [(p.problem, p.solution) for p in train]
+  pairs += [arithmetic.inverse_pair(p) for p in train]
+  lc = learner.LearnerConfig(
+    learning_rate=3e-3,
+    weight_decay=0.0,
+    lr_schedule="cosine",
+    warmup_steps=20,
+    total_steps=300,
+    min_lr_ratio=0.1,
+    dual_clip=None,
+  )
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  return train_sft(
+    tiny_dirs["qwen2"],
+    pairs,
+    str(tmp_path_factory.mktemp("code_sft")),
+    learner_cfg=lc,
+    mesh=mesh,
+    steps=300,
+    batch_size=32,
+    progress=False,
+  )
+
+
+@pytest.mark.parametrize("name", CODE_CONFIGS)
+def test_a_paper_code_config_scaled_down_runs_two_steps(name, code_policy, code_files, tmp_path):
+  from configs import cpu
+  from rlvr import metrics, runner
+
+  c = cpu.get_config(name)
+  assert c.reward.domain == "code" and c.reward.code.sandbox == "bwrap"
+  c.workdir = str(tmp_path / name)
+  c.model.path = code_policy
+  c.data.train_path = code_files["train"]
+  c.data.eval_paths = [code_files["heldout"]]
+  c.data.instruction = ""  # the SFT'd policy's prompt format
+  c.svs.template = "arithmetic"  # the synthesis task it was taught
+  c.rl.loop.max_response_len = c.eval.sampling.max_tokens = 40  # steps, then the program
+  c.rl.loop.max_extra_rounds = 1
+  c.eval.samples = True
+  summary = runner.run(c)
+  rows = metrics.read_jsonl(os.path.join(c.workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [0, 1]
+  assert sum(1 - r.get("skipped_update", 0) for r in rows) >= 1
+  assert max(r["accuracy"] for r in rows) > 0  # programs passed their tests in the sandbox
+  assert set(summary["eval_after_rl"]) == {"heldout"}
+  with open(os.path.join(c.workdir, "eval_after_rl", "samples_heldout.jsonl")) as f:
+    responses = [x for line in f for x in json.loads(line)["responses"]]
+  assert {x["verdict"] for x in responses} <= set(REASONS)
+  assert all(x["correct"] == (x["verdict"] == "ok") for x in responses)
+  if name.startswith("svs_"):
+    assert summary["method"] == "svs"
+    return
+  # The finished run evaluated again, with HumanEval added: every response gets a verdict.
+  again = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launch.evaluate",
+      f"--run={c.workdir}",
+      "--data=humaneval",
+      "--limit=2",
+      "--n=1",
+      "--max_tokens=16",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert again.returncode == 0, again.stderr[-3000:]
+  report = json.loads(open(os.path.join(c.workdir, "eval_again", "eval.json")).read())
+  assert report["humaneval"]["problems"] == 2 and report["heldout"]["problems"] == 2
+  with open(os.path.join(c.workdir, "eval_again", "samples_humaneval.jsonl")) as f:
+    verdicts = [x["verdict"] for line in f for x in json.loads(line)["responses"]]
+  assert len(verdicts) == 2 and set(verdicts) <= set(REASONS)
+
+
+def test_humaneval_is_an_eval_path_of_the_code_configs():
+  from configs import svs_primerl_qwen25_7b
+
+  c = svs_primerl_qwen25_7b.get_config()
+  assert list(c.data.eval_paths) == ["humaneval"]
+  d = c.data.to_dict()
+  d.update(train_path=os.path.join(REPO, "tests", "data", "dapo_math_17k_first500.parquet"))
+  evals = datasets.prepare(d, 0).evals
+  assert len(evals["humaneval"]) == 164
+  assert svs_primerl_qwen25_7b.get_config().svs.template == "code"
