@@ -1,10 +1,12 @@
 """The GRPO learner: TrainState, optimizer and the sharded, jitted update step.
 
 `make_update_fn(...)` returns `update(state, batch) -> (state, metrics)`: it
-recomputes the completion-token logprobs, applies the clipped token-level
-loss, accumulates gradients over micro-batches with the loss normaliser of the
-WHOLE batch (so 1 or k micro-batches give the same step), clips the global
-gradient norm and takes one AdamW step. State is donated.
+recomputes the completion-token logprobs, applies the policy loss
+`LearnerConfig.policy_loss` names (`grpo.POLICY_LOSSES`) with the optional mismatch
+correction (truncated IS per token or sequence, sequence masking), accumulates
+gradients over micro-batches with the loss normaliser of the WHOLE batch (so 1 or k
+micro-batches give the same step), clips the global gradient norm and takes one AdamW
+step. State is donated.
 
 With `LearnerConfig.lora.rank > 0` the trained pytree (`TrainState.params`,
 and so the optimizer state) is the LoRA adapters, the frozen base rides in
@@ -63,7 +65,13 @@ class LearnerConfig:
   mask_truncated: bool = False  # drop length-truncated completions from the loss
   normalize_all: bool = False  # loss normaliser counts masked truncated completions
   # too (QbQ Eq. 2 divides by all m completions)
+  policy_loss: str = "grpo"  # "grpo" | "gspo" | "gspo_token" | "cispo" (grpo.POLICY_LOSSES),
+  # or "package.module:function" for a loss defined elsewhere
   tis_cap: float | None = None  # truncated IS weight min(exp(old - sampler), C)
+  tis_level: str = "token"  # "token": one weight per token; "sequence": the geometric
+  # mean of the sequence's token ratios, one weight per sequence
+  seq_mask_cap: float | None = None  # M: drop a sequence from the loss when its geometric
+  # mean ratio exp(mean_t (old - sampler)) leaves [1/M, M] (logged: seq_masked_frac)
   logits_chunk: int = 256  # positions per logits block in the loss
   attention: str = "auto"  # "auto" (blockwise at long T), "dense", "blockwise",
   # "cudnn" (GPU flash attention, right-padded rows)
@@ -111,6 +119,11 @@ class LearnerConfig:
       raise ValueError(f"dual_clip: must be > 1, got {self.dual_clip}")
     if self.tis_cap is not None and self.tis_cap <= 0:
       raise ValueError(f"tis_cap: must be > 0, got {self.tis_cap}")
+    if self.tis_level not in grpo.TIS_LEVELS:
+      raise ValueError(f"tis_level: unknown {self.tis_level!r}; expected one of {grpo.TIS_LEVELS}")
+    if self.seq_mask_cap is not None and not self.seq_mask_cap > 1:
+      raise ValueError(f"seq_mask_cap: must be > 1, got {self.seq_mask_cap}")
+    grpo.policy_loss_fn(self.policy_loss)  # a one-line error naming the known losses
     if not isinstance(self.lora, LoraConfig):
       raise ValueError(f"lora: expected a rlvr.lora.LoraConfig, got {type(self.lora).__name__}")
 
@@ -339,10 +352,21 @@ def micro_loss(
   is_weight = None
   if batch.sampler_logp_bt is not None:
     is_weight, mismatch = grpo.truncated_is_weight(
-      old, batch.sampler_logp_bt, mask, cfg.tis_cap or jnp.inf
+      old,
+      batch.sampler_logp_bt,
+      mask,
+      cfg.tis_cap,
+      cfg.tis_level,
+      cfg.seq_mask_cap,
+      batch.sequences_bt,
     )
+    if cfg.seq_mask_cap is not None:
+      # a share of sequences: summed as counts, divided by the batch's count in train_step
+      sequences = grpo.loss_normalizer(mask, "seq-mean-token-mean", batch.sequences_bt)
+      sums["seq_masked"] = mismatch.pop("seq_masked_frac") * sequences
+      sums["sequences"] = sequences
     sums.update({k: v * tokens for k, v in mismatch.items()})
-    if cfg.tis_cap is None:
+    if cfg.tis_cap is None and cfg.seq_mask_cap is None:
       is_weight = None
   loss, aux = grpo.policy_loss(
     logp,
@@ -356,6 +380,7 @@ def micro_loss(
     normalizer,
     is_weight,
     batch.sequences_bt,
+    cfg.policy_loss,
   )
   for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean"):
     sums[k] = aux[k] * tokens
@@ -432,7 +457,10 @@ def train_step(
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   n_tok = jnp.maximum(sums.pop("tokens"), 1.0)
+  seq_counts = {k: sums.pop(k) for k in ("seq_masked", "sequences") if k in sums}
   metrics = {k: (v if k in ("loss", "pg_loss") else v / n_tok) for k, v in sums.items()}
+  if seq_counts:
+    metrics["seq_masked_frac"] = seq_counts["seq_masked"] / jnp.maximum(seq_counts["sequences"], 1)
   metrics.update(ext, grad_norm=grad_norm, tokens=n_tok, lr=learning_rate_schedule(cfg)(state.step))
   new_state = state.replace(
     params=params,

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rlvr import learner, ppo, shaping
+from rlvr import grpo, learner, ppo, shaping
 from rlvr import metrics as metrics_lib
 from rlvr.sampling.types import Completion, Sampler, SamplingParams
 
@@ -39,8 +39,10 @@ class RLConfig:
   dynamic_sampling: bool = True  # keep only groups with 0 < acc < 1
   max_extra_rounds: int = 3  # bounded over-sampling rounds per step
   oversample: float = 2.0  # extra prompts per missing group in later rounds
-  normalize_std: bool = True  # False: Dr.GRPO advantages
-  adv_std_ddof: int = 1  # group std as verl / TRL take it (torch.std); 0: population
+  advantage: str = "grpo"  # "grpo" | "dr_grpo" | "rloo" | "reinforce++" |
+  # "reinforce++_baseline" (grpo.ADVANTAGES), or "package.module:function"
+  normalize_std: bool = True  # False with advantage "grpo": the "dr_grpo" estimator
+  adv_std_ddof: int = 1  # std as verl / TRL take it (torch.std, unbiased); 0: population
   ppo_mini_batch_size: int = 0  # groups (prompts) per optimizer step, as verl's
   # ppo_mini_batch_size; 0: the whole buffer in one step
   ppo_epochs: int = 1  # passes over a buffer's mini-batches
@@ -67,6 +69,12 @@ class RLConfig:
       raise ValueError(f"group_size: GRPO needs >= 2 responses per prompt, got {self.group_size}")
     if self.max_extra_rounds < 0 or self.oversample < 1:
       raise ValueError("max_extra_rounds must be >= 0 and oversample >= 1")
+    if not self.normalize_std and self.advantage not in ("grpo", "dr_grpo"):
+      raise ValueError(
+        f"normalize_std: False is the 'dr_grpo' estimator; advantage={self.advantage!r} "
+        "takes normalize_std=True"
+      )
+    grpo.advantage_fn(self.advantage)  # a one-line error naming the known estimators
     if self.adv_std_ddof not in (0, 1):
       raise ValueError(f"adv_std_ddof: expected 0 or 1, got {self.adv_std_ddof}")
     if not self.repetition_penalty > 0:
@@ -81,6 +89,12 @@ class RLConfig:
       raise ValueError(
         f"pack_len / pack_min_rows: must be >= 0 / >= 1, got {self.pack_len} / {self.pack_min_rows}"
       )
+
+  @property
+  def advantage_estimator(self) -> str:
+    """The `grpo.ADVANTAGES` name in effect: `advantage`, or "dr_grpo" for "grpo" with
+    normalize_std False."""
+    return "dr_grpo" if self.advantage == "grpo" and not self.normalize_std else self.advantage
 
   @property
   def rows(self) -> int:

@@ -4,6 +4,7 @@
 update with the current policy as the old one when the buffer is one mini-batch
 of one epoch, otherwise whole groups in `rl.ppo_mini_batch_size` mini-batches,
 `rl.ppo_epochs` passes, old logprobs fixed once before the first optimizer step.
+The advantages (`rl.advantage`) are computed once over the whole buffer.
 """
 
 from __future__ import annotations
@@ -86,6 +87,35 @@ def multi_step_update(
   return state, steps, drift_kl(state.params, logp_fn, batches)
 
 
+def buffer_advantages(groups: Sequence, cfg) -> list[np.ndarray]:
+  """One advantage array per group of the whole buffer, by `cfg.advantage_estimator`
+  (`grpo.advantages`), computed before any mini-batch split, so batch-normalised
+  estimators (REINFORCE++) see every group of the rollout."""
+  return grpo.advantages(
+    cfg.advantage_estimator,
+    [g.rewards for g in groups],
+    [np.array([len(c.token_ids) for c in g.completions]) for g in groups],
+    cfg.adv_std_ddof,
+  )
+
+
+def batch_arrays(groups: Sequence, advantages: Sequence, cfg, pad_id: int, **shape) -> dict:
+  """`packing.build_batch`'s arrays of the groups, holding the given per-group advantages
+  (one sequence per row: [rows]; packed rows: on every token of each sequence, placed as
+  build_batch packs them, `packing.first_fit` on the rows' width)."""
+  arrays = packing.build_batch(groups, cfg, pad_id, **shape)
+  adv = np.concatenate([np.zeros(0, np.float32), *advantages]).astype(np.float32)
+  rows = arrays["tokens_bt"].shape[0]
+  if not cfg.pack:
+    return dict(arrays, advantages=np.pad(adv, (0, rows - len(adv))))
+  lengths = [len(g.prompt.ids) + len(c.token_ids) for g in groups for c in g.completions]
+  bins = packing.first_fit(lengths, arrays["tokens_bt"].shape[1])
+  table = np.zeros((rows, 1 + max((len(b) for b in bins), default=0)), np.float32)
+  for r, members in enumerate(bins):
+    table[r, 1 : 1 + len(members)] = adv[members]  # segment s of row r: sequence members[s-1]
+  return dict(arrays, advantages=np.take_along_axis(table, arrays["segment_bt"], axis=1))
+
+
 def update_on_buffer(
   state,
   update_fn,
@@ -102,18 +132,17 @@ def update_on_buffer(
   old one (ratio 1); otherwise `multi_step_update`, which needs logp_fn.
   """
   rng = np.random.default_rng((cfg.seed, step, 17))
-  chunks = mini_batches(groups, cfg, rng)
+  chunks = mini_batches(list(zip(groups, buffer_advantages(groups, cfg))), cfg, rng)
+  arrays = lambda chunk, **shape: batch_arrays(*zip(*chunk), cfg, pad_id, **shape)
   if len(chunks) == 1 and cfg.ppo_epochs == 1:
-    state, m = update_fn(state, to_batch(packing.build_batch(chunks[0], cfg, pad_id)))
+    state, m = update_fn(state, to_batch(arrays(chunks[0])))
     return state, dict({k: float(v) for k, v in m.items()}, optimizer_steps=1)
   if logp_fn is None:
     raise ValueError(
       "ppo_mini_batch_size / ppo_epochs: several optimizer steps per rollout need "
       "logp_fn (learner.make_logprob_fn) to fix the old logprobs"
     )
-  batches = [
-    to_batch(packing.build_batch(c, cfg, pad_id, min_rows=cfg.mini_batch_rows)) for c in chunks
-  ]
+  batches = [to_batch(arrays(c, min_rows=cfg.mini_batch_rows)) for c in chunks]
   state, steps, kl = multi_step_update(
     state, update_fn, logp_fn, batches, cfg.ppo_epochs, cfg.old_logp, rng
   )

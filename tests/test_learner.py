@@ -97,6 +97,50 @@ def test_sharded_update_equals_single_device(tiny, mesh_axes):
     assert tree["layers"]["mlp"]["gate_kernel"].sharding.shard_shape((2, 128, 256)) == gate_shard
 
 
+def _step(cfg, params, lc, mesh_axes, arrays, devices=None):
+  mesh = sharding.make_mesh(mesh_axes, devices)
+  batch = learner.TrainBatch(
+    **{k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim)) for k, v in arrays.items()}
+  )
+  return learner.make_update_fn(cfg, lc, mesh)(learner.init_state(cfg, lc, params, mesh), batch)
+
+
+@pytest.mark.parametrize(
+  "policy_loss,aggregation",
+  [("gspo", "seq-mean-token-mean"), ("gspo_token", "seq-mean-token-mean"), ("cispo", "token-mean")],
+)
+def test_new_losses_are_micro_batch_and_mesh_invariant(tiny, policy_loss, aggregation):
+  """Off-policy (old logprobs != the current ones) with sequence TIS and sequence masking:
+  4 micro-batches, and 2 on a data x fsdp x tensor mesh, make the one-device step."""
+  _, cfg, params = tiny
+  b = worker.make_batch(0, cfg.vocab_size)
+  logp = learner.make_logprob_fn(cfg, worker.learner_config())(params, learner.TrainBatch(**b))
+  rng = np.random.RandomState(7)
+  old = np.asarray(logp) + 0.3 * rng.randn(worker.B, worker.T)
+  sampler = old - 0.05 * rng.randn(worker.B, worker.T)
+  sampler[:2] += 1.0  # geometric-mean ratio e^-1 < 1/2: these two sequences are dropped
+  arrays = dict(b, old_logp_bt=old.astype(np.float32), sampler_logp_bt=sampler.astype(np.float32))
+  lc = lambda m: worker.learner_config(
+    micro_batches=m,
+    policy_loss=policy_loss,
+    aggregation=aggregation,
+    tis_cap=2.0,
+    tis_level="sequence",
+    seq_mask_cap=2.0,
+  )
+  one = jax.devices()[:1]
+  s1, m1 = _step(cfg, params, lc(1), {"fsdp": 1}, arrays, one)
+  for got, m in (
+    _step(cfg, params, lc(4), {"fsdp": 1}, arrays, one),
+    _step(cfg, params, lc(2), {"data": 2, "fsdp": 2, "tensor": 2}, arrays),
+  ):
+    for k in ("loss", "grad_norm", "clip_frac_low", "clip_frac_high", "is_capped_frac"):
+      np.testing.assert_allclose(float(m[k]), float(m1[k]), rtol=1e-5, atol=1e-7, err_msg=k)
+    assert float(m["seq_masked_frac"]) == float(m1["seq_masked_frac"]) == 0.25
+    _assert_params_close(s1.params, got.params, rtol=1e-5, atol=1e-6)
+  assert float(m1["grad_norm"]) > 0
+
+
 def test_learning_sanity_logprob_moves_with_advantage_sign(tiny):
   _, cfg, params = tiny
   mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])

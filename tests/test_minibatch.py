@@ -116,11 +116,23 @@ def test_first_fit_and_packed_layout():
     packing.pack_rows(rows, 1, 8, bins=[[0], [1, 2]])
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggregation):
+@pytest.mark.parametrize(
+  "aggregation,objective",
+  [
+    ("token-mean", {}),
+    ("seq-mean-token-mean", {}),
+    (
+      "seq-mean-token-mean",
+      dict(policy_loss="gspo", tis_cap=2.0, tis_level="sequence", seq_mask_cap=2.0),
+    ),
+    ("token-mean", dict(policy_loss="cispo")),
+  ],
+)
+def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggregation, objective):
   """The same groups, one sequence per row or packed several to a row: the same
   logprobs and the same optimizer step (two micro-batches, truncated completions
-  masked, each aggregation), on far fewer padding tokens."""
+  masked, each aggregation, GSPO with sequence-level mismatch correction, CISPO), on
+  far fewer padding tokens."""
   cfg, params, pad, groups = rollout
   packed_rl = dataclasses.replace(RL, pack=True, pack_len=48, pack_min_rows=2)
   plain, packed = (packing.build_batch(groups, rl, pad) for rl in (RL, packed_rl))
@@ -134,7 +146,7 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
     np.sort(np.repeat(plain["advantages"], plain["loss_mask_bt"].sum(1).astype(int)))
   )
 
-  lc = dict(aggregation=aggregation, mask_truncated=True, micro_batches=2)
+  lc = dict(aggregation=aggregation, mask_truncated=True, micro_batches=2, **objective)
   logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(**lc))
   results = []
   for arrays in (plain, packed):
@@ -145,8 +157,9 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
     results.append((np.sort(logp), {k: float(v) for k, v in m.items()}, _params(state)))
   (lp_a, m_a, p_a), (lp_b, m_b, p_b) = results
   np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)  # sorted: one value per loss token
-  for k in ("loss", "grad_norm", "tokens", "entropy", "logp"):
-    assert m_b[k] == pytest.approx(m_a[k], rel=1e-4, abs=1e-6), k
+  for k in ("loss", "grad_norm", "tokens", "entropy", "logp", "seq_masked_frac"):
+    if k in m_a:
+      assert m_b[k] == pytest.approx(m_a[k], rel=1e-4, abs=1e-6), k
   for a, b in zip(p_a, p_b):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
@@ -164,3 +177,28 @@ def test_old_logprobs_are_computed_per_micro_batch(rollout):
   )
   np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-5)
   assert np.abs(whole).sum() > 0
+
+
+def test_advantages_are_taken_over_the_whole_buffer(rollout):
+  """`ppo.batch_arrays` places the buffer's advantages where `build_batch` puts its own
+  (GRPO's: the same arrays, one sequence per row or packed); a batch-normalised
+  estimator split into mini-batches keeps the whole buffer's statistics."""
+  _, _, pad, groups = rollout
+  packed_rl = dataclasses.replace(RL, pack=True, pack_len=48, pack_min_rows=2)
+  for rl in (RL, packed_rl):
+    want = packing.build_batch(groups, rl, pad)
+    got = ppo.batch_arrays(groups, ppo.buffer_advantages(groups, rl), rl, pad)
+    assert want.keys() == got.keys()
+    for k in want:
+      assert np.array_equal(want[k], got[k]), k
+  rl = dataclasses.replace(RL, ppo_mini_batch_size=2, advantage="reinforce++")
+  whole = ppo.buffer_advantages(groups, rl)
+  lengths = [len(c.token_ids) for g in groups for c in g.completions]
+  flat = np.concatenate(whole)
+  assert np.average(flat, weights=lengths) == pytest.approx(0.0, abs=1e-5)  # whitened
+  for chunk in ppo.mini_batches(list(zip(groups, whole)), rl, np.random.default_rng(0)):
+    mini, adv = zip(*chunk)
+    arrays = ppo.batch_arrays(mini, adv, rl, pad, min_rows=rl.mini_batch_rows)
+    n = sum(len(a) for a in adv)
+    assert np.array_equal(arrays["advantages"][:n], np.concatenate(adv))
+    assert not np.allclose(np.concatenate(ppo.buffer_advantages(mini, rl)), np.concatenate(adv))
