@@ -1,6 +1,7 @@
 r"""Starts a vLLM server for a model directory with the flags the rlvr client needs.
 
   python -m launch.serve_vllm --model=workdir/tiny_model [--port=8000] [--device=gpu]
+      [--weight_transfer=rlvr_tcp|nccl]
 
 Dev-mode routes (weight reloads) are on; the server binds 127.0.0.1 unless
 --host says otherwise (then set --api_key). Prints the URL once healthy and
@@ -37,6 +38,13 @@ flags.DEFINE_integer("kv_cache_gb", 1, "CPU KV cache size (GiB).")
 flags.DEFINE_float("gpu_memory_utilization", 0.5, "GPU memory fraction for vLLM.")
 flags.DEFINE_string("api_key", None, "Require this bearer token.")
 flags.DEFINE_string("python", None, "Python of the vLLM environment (default .venvs/vllm).")
+flags.DEFINE_enum(
+  "weight_transfer",
+  None,
+  ["rlvr_tcp", "nccl"],
+  "Enable vLLM's weight-transfer API with this backend (sampler.weight_sync=transfer): "
+  "rlvr_tcp on CPU (the repo's plugin), nccl on GPU. Disk syncs keep working.",
+)
 
 
 def max_model_len(model_dir: str) -> int:
@@ -67,6 +75,7 @@ def main(argv):
     kv_cache_gb=FLAGS.kv_cache_gb,
     gpu_memory_utilization=FLAGS.gpu_memory_utilization,
     api_key=FLAGS.api_key,
+    weight_transfer=FLAGS.weight_transfer,
   )
   server = start_server(FLAGS.model, options, python=FLAGS.python)
   stop = threading.Event()

@@ -264,8 +264,12 @@ def make_sampler(run: Run, model_cfg, params):
     request_timeout_s=c.request_timeout_s,
     retries=c.retries,
     backoff_s=c.backoff_s,
-    api_key=c.api_key or None,
-  )  # default: $VLLM_API_KEY
+    api_key=c.api_key or None,  # default: $VLLM_API_KEY
+    weight_sync=c.weight_sync,  # "disk" or "transfer" (vLLM's weight-transfer API)
+    transfer_backend=c.transfer_backend,
+    transfer_host=c.transfer_host,
+    transfer_bucket_mb=c.transfer_bucket_mb,
+  )
   client = ProcessSplitSampler(client) if jax.process_count() > 1 else client
   client.update_weights(params, version=0)
   return client

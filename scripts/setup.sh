@@ -35,6 +35,9 @@ if [ "${1:-}" = "--vllm" ]; then
     # CUDA builds pulled in as dependencies break imports on CPU; triton is unused.
     pipq .venvs/vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
   fi
+  # The CPU weight-transfer engine (`rlvr_tcp`), a vLLM plugin from this repo.
+  pipq .venvs/vllm/bin/pip install -q --no-deps --no-build-isolation ./plugins/rlvr_vllm_transfer
+  rm -rf plugins/rlvr_vllm_transfer/build
   .venvs/vllm/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
 fi
 

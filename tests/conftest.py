@@ -78,10 +78,13 @@ def served_model_dir(tmp_path_factory, tiny_dirs):
 
 @pytest.fixture(scope="session")
 def vllm_server(served_model_dir):
-  """One real vLLM CPU server for the whole session (never skipped: CI installs it)."""
+  """One real vLLM CPU server for the whole session (never skipped: CI installs it), with
+  the `rlvr_tcp` weight-transfer engine on, so disk and transfer syncs reach the same one."""
   from rlvr.sampling.vllm_server import ServerOptions, start_server
 
-  server = start_server(served_model_dir, ServerOptions(max_model_len=1024))
+  server = start_server(
+    served_model_dir, ServerOptions(max_model_len=1024, weight_transfer="rlvr_tcp")
+  )
   print(f"\nvLLM server up at {server.url} after {server.startup_s:.1f}s")
   yield server
   server.stop()

@@ -7,6 +7,8 @@ import dataclasses
 from rlvr.sampling.http import check_retry_settings
 
 KINDS = ("jax", "vllm")
+WEIGHT_SYNCS = ("disk", "transfer")
+TRANSFER_BACKENDS = ("rlvr_tcp", "nccl")  # rlvr.sampling.transfer.TRANSPORTS
 SYNC_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -17,6 +19,12 @@ class SamplerConfig:
   # untied copy of the policy; "{process}" = process index
   model: str = "policy"  # the servers' model name (serve_vllm --served_model_name)
   sync_dtype: str = "bfloat16"  # dtype of the weights pushed to vLLM
+  weight_sync: str = "disk"  # "disk": safetensors + reload_weights; "transfer": vLLM's
+  # weight-transfer API (servers started with --weight_transfer, docs/weight_transfer.md)
+  transfer_backend: str = "rlvr_tcp"  # "rlvr_tcp" (CPU, the repo's vLLM plugin) | "nccl" (GPU)
+  transfer_host: str = ""  # this process's address as the servers reach it;
+  # "" = the local address on the route to each server (127.0.0.1 for a local one)
+  transfer_bucket_mb: int = 512  # tensors per /update_weights call, in MiB
   max_concurrency: int = 64  # in-flight requests per process
   request_timeout_s: float = 1800.0  # one try of a request (n samples of one prompt)
   retries: int = 3  # more tries of a timed-out/refused/5xx/aborted request
@@ -31,6 +39,14 @@ class SamplerConfig:
       raise ValueError("urls: the vllm sampler needs at least one server URL")
     if self.sync_dtype not in SYNC_DTYPES:
       raise ValueError(f"sync_dtype: unknown {self.sync_dtype!r}; expected one of {SYNC_DTYPES}")
+    if self.weight_sync not in WEIGHT_SYNCS:
+      raise ValueError(f"weight_sync: unknown {self.weight_sync!r}; expected disk|transfer")
+    if self.transfer_backend not in TRANSFER_BACKENDS:
+      raise ValueError(
+        f"transfer_backend: unknown {self.transfer_backend!r}; expected one of {TRANSFER_BACKENDS}"
+      )
+    if self.transfer_bucket_mb < 1:
+      raise ValueError(f"transfer_bucket_mb: must be >= 1, got {self.transfer_bucket_mb}")
     if self.max_concurrency < 1:
       raise ValueError(f"max_concurrency: must be >= 1, got {self.max_concurrency}")
     check_retry_settings(self.request_timeout_s, self.retries, self.backoff_s)

@@ -7,14 +7,20 @@ also supplies the API key, default `$VLLM_API_KEY`); a server that keeps
 failing is reported by URL, and one whose engine has died (HTTP 5xx, /health
 failing) is reported as such.
 
-Weight sync writes the params as an HF checkpoint into `sync_dir` (which the
-servers must be able to read), always untied: vLLM's in-place reload refreshes
-a tied model's embedding but not its LM head, so the servers must serve an
-untied copy of the policy from the start (`serve_policy_copy` writes one).
-Then on every server: `/collective_rpc`
-`reload_weights`, `/reset_prefix_cache` (stale prefix KV otherwise) and
-`/update_weight_version`. A lock keeps `generate` and `update_weights` apart,
-so one `generate` call never mixes weight versions.
+Weight sync (`weight_sync`) is one of two paths, both always untied: vLLM's
+in-place reload refreshes a tied model's embedding but not its LM head, so the
+servers must serve an untied copy of the policy from the start
+(`serve_policy_copy` writes one).
+
+- "disk": the params go as an HF checkpoint into `sync_dir` (which the servers
+  must be able to read), then on every server `/collective_rpc`
+  `reload_weights`, `/reset_prefix_cache` (stale prefix KV otherwise) and
+  `/update_weight_version`.
+- "transfer": vLLM's weight-transfer API with the `transfer_backend` the servers
+  were started with (`rlvr.sampling.transfer`); nothing touches the disk.
+
+A lock keeps `generate` and `update_weights` apart, so one `generate` call never
+mixes weight versions.
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ import requests
 
 from rlvr.model import hf_io
 from rlvr.model.config import ModelConfig
-from rlvr.sampling import http
-from rlvr.sampling.config import SamplerConfig
+from rlvr.sampling import http, transfer
+from rlvr.sampling.config import WEIGHT_SYNCS, SamplerConfig
 from rlvr.sampling.http import check_retry_settings
 from rlvr.sampling.types import Completion, SamplingParams
 
@@ -133,11 +139,18 @@ class VLLMSampler:
     backoff_s: float = _DEFAULTS.backoff_s,
     sync_dtype: Any = None,
     keep_versions: int = 2,
+    weight_sync: str = _DEFAULTS.weight_sync,
+    transfer_backend: str = _DEFAULTS.transfer_backend,
+    transfer_host: str = _DEFAULTS.transfer_host,
+    transfer_bucket_mb: int = _DEFAULTS.transfer_bucket_mb,
   ):
     self.urls = [urls] if isinstance(urls, str) else list(urls)
     if not self.urls:
       raise ValueError("urls: need at least one vLLM server URL")
     check_retry_settings(request_timeout_s, retries, backoff_s)
+    if weight_sync not in WEIGHT_SYNCS:
+      raise ValueError(f"weight_sync: unknown {weight_sync!r}; expected disk|transfer")
+    self.weight_sync = weight_sync
     self.model_config = model_config
     self.eos_token_id = eos_token_id
     self.pad_token_id = pad_token_id
@@ -153,6 +166,21 @@ class VLLMSampler:
     self._pool = concurrent.futures.ThreadPoolExecutor(
       max_concurrency, thread_name_prefix="vllm-client"
     )
+    self._links: list[transfer.ServerLink] = []
+    if weight_sync == "transfer":
+      self._links = [
+        transfer.ServerLink(
+          url,
+          transfer.make_transport(
+            transfer_backend, host=transfer_host or transfer.local_address(url)
+          ),
+          api_key=api_key,
+          timeout_s=request_timeout_s,
+          bucket_bytes=transfer_bucket_mb << 20,
+          retries=retries,
+        )
+        for url in self.urls
+      ]
 
   # ------------------------------------------------------------------- HTTP
   def _session(self) -> requests.Session:
@@ -247,6 +275,23 @@ class VLLMSampler:
 
   # ------------------------------------------------------------- weight sync
   def update_weights(self, params: Any, version: int) -> None:
+    """Makes every server serve `params` as `version` (by `weight_sync`)."""
+    sync = {"disk": self._sync_disk, "transfer": self._sync_transfer}[self.weight_sync]
+    sync(params, version)
+
+  def _sync_transfer(self, params: Any, version: int) -> None:
+    with self._lock:
+      for link in self._links:
+        try:
+          link.push(
+            lambda link=link: link.transport.tensors(self.model_config, params, self.sync_dtype),
+            version,
+          )
+        except transfer.TransferError as e:
+          raise SamplerError(str(e)) from None
+      self.version = version
+
+  def _sync_disk(self, params: Any, version: int) -> None:
     """Writes `params` to `sync_dir/v{version}` and reloads every server from it."""
     if self.sync_dir is None:
       raise ValueError(
@@ -281,4 +326,6 @@ class VLLMSampler:
       shutil.rmtree(os.path.join(root, f"v{v}"), ignore_errors=True)
 
   def close(self) -> None:
+    for link in self._links:
+      link.close()
     self._pool.shutdown(wait=False, cancel_futures=True)

@@ -8,6 +8,7 @@ from `$RLVR_VLLM_PYTHON` or `<repo>/.venvs/vllm/bin/python`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -57,6 +58,7 @@ class ServerOptions:
   gpu_memory_utilization: float = 0.5
   api_key: str | None = None
   dev_mode: bool = True  # /collective_rpc etc. for weight reloads
+  weight_transfer: str | None = None  # a weight-transfer backend ("rlvr_tcp", "nccl")
   extra_args: tuple[str, ...] = ()
 
   def command(self, model_dir: str, port: int, python: str) -> list[str]:
@@ -88,6 +90,8 @@ class ServerOptions:
       cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
     if self.api_key:
       cmd += ["--api-key", self.api_key]
+    if self.weight_transfer:
+      cmd += ["--weight-transfer-config", json.dumps({"backend": self.weight_transfer})]
     return cmd + list(self.extra_args)
 
   def env(self) -> dict[str, str]:
