@@ -246,6 +246,19 @@ def test_hostile_and_normal_programs_at_once():
   assert result.reasons == {"timeout": 1, "ok": 2, "memory": 1}
 
 
+def test_a_batch_of_busy_loops_ends_within_its_wall_bound():
+  """Eight programs that never end, two test cases each, three sandboxes at a time: each
+  case is killed at its wall limit, so the batch ends within three waves of two cases (plus
+  start-up), whatever the programs do."""
+  cfg = code.CodeRewardConfig(limits=LIMITS, extraction="whole", workers=3, pass_fraction=True)
+  start = time.monotonic()
+  result = code.score(["while True:\n  pass\n"] * 8, [DOUBLE] * 8, cfg)
+  elapsed = time.monotonic() - start
+  assert [v.reason for v in result.verdicts] == ["timeout"] * 8
+  assert [v.passed for v in result.verdicts] == [0] * 8
+  assert elapsed < 3 * (2 * LIMITS.wall_s + NEXT_S), elapsed
+
+
 # ---------------------------------------------------------------------------
 # Formats, in the sandbox.
 
