@@ -71,6 +71,10 @@ COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the 
     "tests/test_scale_down.py::test_a_paper_config_scaled_down_runs_two_steps",
     ("cpu.get_config(name)", "runner.run(c)"),
   ),
+  "python -m launch.train --config=configs/tiny_code.py": (
+    "tests/test_code_domain.py::test_tiny_code_runs_then_evaluates_on_humaneval",
+    ("tiny_code.get_config()", "runner.run(c)"),
+  ),
   "python -m launch.qbq_diversity --run=": (
     "tests/test_qbq_loop.py::test_two_rounds_end_to_end_resume_after_a_kill_between_stages",
     ('"launch.qbq_diversity", f"--run={full}"',),
