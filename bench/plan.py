@@ -75,15 +75,23 @@ def _bytes_per_device(tree) -> int:
   return total
 
 
-def _model_flops(c, rows: int, t: int) -> float:
-  """Training FLOPs of one step on rows x t tokens (all of them; padding not discounted)."""
+def _params(c) -> tuple[int, int]:
+  """(all parameters, those one token uses): a sparse layer runs k of its E experts."""
   import jax
 
   from rlvr.model import decoder
 
   n = sum(math.prod(x.shape) for x in jax.tree.leaves(decoder.param_shapes(c)))
+  idle = c.num_experts - c.num_experts_per_tok
+  per_expert = 3 * c.hidden_size * c.moe_intermediate_size
+  return n, n - c.num_sparse_layers * idle * per_expert
+
+
+def _model_flops(c, rows: int, t: int) -> float:
+  """Training FLOPs of one step on rows x t tokens (all of them; padding not discounted),
+  counting the parameters each token uses (the active ones of a mixture of experts)."""
   attn = 6 * c.num_layers * c.num_heads * c.head_dim * t / 2
-  return rows * t * (6 * n + attn)
+  return rows * t * (6 * _params(c)[1] + attn)
 
 
 def plan(cfg, devices: int) -> dict:
@@ -132,18 +140,18 @@ def plan(cfg, devices: int) -> dict:
   lp_total = (
     opt + lp_mem.argument_size_in_bytes + lp_mem.temp_size_in_bytes + lp_mem.output_size_in_bytes
   )
+  dp = mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
   return {
     "config": cfg.workdir,
     "model": model_name,
     "params_b": sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)) / 1e9,
+    "active_params_b": _params(model_cfg)[1] / 1e9,
     "devices": devices,
     "mesh": dict(mesh.shape),
     "rows_per_step": rows,
     "seq_len": t,
     "micro_batches": lc.micro_count(rows),
-    "rows_per_device_per_micro_batch": rows
-    / lc.micro_count(rows)
-    / (mesh.shape["data"] * mesh.shape["fsdp"]),
+    "rows_per_device_per_micro_batch": rows / lc.micro_count(rows) / dp,
     "remat": lc.remat,
     "compute_dtype": lc.compute_dtype,
     "attention": lc.attention,
@@ -162,7 +170,8 @@ def plan(cfg, devices: int) -> dict:
     },
     "budget_gib": FLAGS.budget_gib,
     "fits": max(total, lp_total) / GIB <= FLAGS.budget_gib,
-    # 6 N per token (forward + backward) plus causal attention (6 L h d T / 2 per token),
+    # 6 N per token (forward + backward; N: the parameters a token uses, the active ones
+    # of a mixture of experts) plus causal attention (6 L h d T / 2 per token),
     # spread over the devices; XLA's own count visits loop bodies (layers, micro-batches)
     # once, so it is reported as is, for what it is.
     "model_tflops_per_step_per_device": _model_flops(model_cfg, rows, t) / devices / 1e12,
@@ -179,7 +188,8 @@ def main(argv):
   out = plan(FLAGS.config, FLAGS.devices)
   g = out["gib_per_device"]
   print(
-    f"{out['config']}: {out['model']} ({out['params_b']:.1f}B) on {out['devices']} devices "
+    f"{out['config']}: {out['model']} ({out['params_b']:.1f}B, {out['active_params_b']:.1f}B "
+    f"active) on {out['devices']} devices "
     f"{out['mesh']}, {out['rows_per_step']} rows x {out['seq_len']} tokens, "
     f"{out['micro_batches']} micro-batches ({out['rows_per_device_per_micro_batch']:g} "
     f"rows/device each), packed={out['packed']}, remat={out['remat']}, "

@@ -188,8 +188,8 @@ def scale_down(cfg, steps: int = 2):
 
 
 def check_mesh(s: Settings, mesh_shape: dict[str, int]) -> None:
-  """Batch sizes the data-parallel devices (mesh data x fsdp) do not split."""
-  dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1)
+  """Batch sizes the data-parallel devices (mesh data x fsdp x expert) do not split."""
+  dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1) * mesh_shape.get("expert", 1)
   rl = s.rl_loop
   sizes = [
     ("rl.loop.pack_min_rows", rl.pack_min_rows)
@@ -202,5 +202,5 @@ def check_mesh(s: Settings, mesh_shape: dict[str, int]) -> None:
     if rows % dp:
       raise ValueError(
         f"{name}: {rows} rows do not split over the {dp} data-parallel devices "
-        f"(mesh data x fsdp = {dp}); use a multiple of {dp} or another mesh"
+        f"(mesh data x fsdp x expert = {dp}); use a multiple of {dp} or another mesh"
       )

@@ -9,9 +9,11 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 # (logical axis, mesh axis or axes). FSDP shards the embed dimension of every
-# weight; tensor parallelism splits heads, MLP and vocab.
+# weight; tensor parallelism splits heads, MLP and vocab; expert parallelism splits the
+# experts of a mixture-of-experts layer, and outside those layers the "expert" axis is
+# one more data-parallel axis.
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-  ("batch", ("data", "fsdp")),
+  ("batch", ("data", "fsdp", "expert")),
   ("length", None),
   ("embed", "fsdp"),
   ("vocab", "tensor"),
@@ -20,6 +22,8 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ("head_dim", None),
   ("mlp", "tensor"),
   ("layers", None),
+  ("experts", "expert"),
+  ("expert_mlp", "tensor"),
 )
 
 
@@ -38,11 +42,12 @@ def _fits(spec: PartitionSpec, shape: Sequence[int], mesh: jax.sharding.Mesh) ->
   return PartitionSpec(*out)
 
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 
 def make_mesh(axes: dict[str, int] | Sequence[tuple[str, int]], devices=None) -> jax.sharding.Mesh:
-  """Mesh over ("data", "fsdp", "tensor"); one size may be -1 (the rest of the devices).
+  """Mesh over ("data", "fsdp", "expert", "tensor"), each absent axis of size 1; one size
+  may be -1 (the rest of the devices).
 
   Axes are Auto-typed so GSPMD propagates shardings from the jit boundaries.
   """
@@ -63,12 +68,14 @@ def make_mesh(axes: dict[str, int] | Sequence[tuple[str, int]], devices=None) ->
     if len(devices) % known:
       raise ValueError(f"mesh axes {sizes}: {len(devices)} devices not divisible by {known}")
     sizes[rest[0]] = len(devices) // known
-  total = sizes["data"] * sizes["fsdp"] * sizes["tensor"]
+  total = 1
+  for s in sizes.values():
+    total *= s
   if total != len(devices):
     raise ValueError(f"mesh axes {sizes} need {total} devices, have {len(devices)}")
   shape = tuple(sizes[a] for a in MESH_AXES)
   return jax.make_mesh(
-    shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices
+    shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices
   )
 
 
@@ -91,7 +98,31 @@ def batch_sharding(mesh: jax.sharding.Mesh, ndim: int, rules=None) -> NamedShard
     return replicated(mesh)
   rules = DEFAULT_RULES if rules is None else rules
   spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), rules)
-  return NamedSharding(mesh, spec)
+  return NamedSharding(mesh, _present(spec, mesh))
+
+
+def _present(spec: PartitionSpec, mesh: jax.sharding.Mesh) -> PartitionSpec:
+  """`spec` less the mesh axes this mesh does not have."""
+  out = []
+  for axes in spec:
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    kept = tuple(n for n in names if n in mesh.shape)
+    out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+  return PartitionSpec(*out)
+
+
+def spec(logical: Sequence[str | None], shape: Sequence[int], mesh, rules=None) -> PartitionSpec:
+  """The PartitionSpec `tree_shardings` gives one array of these logical axes and shape."""
+  rules = DEFAULT_RULES if rules is None else rules
+  return _fits(nn.logical_to_mesh_axes(tuple(logical), rules), shape, mesh)
+
+
+def data_axes(mesh: jax.sharding.Mesh, size: int, rules=None) -> tuple[str, ...]:
+  """The mesh axes that split a batch dimension of `size` rows (those of the "batch" rule
+  that the mesh has and that divide it)."""
+  rules = DEFAULT_RULES if rules is None else rules
+  spec = _fits(nn.logical_to_mesh_axes(("batch",), rules), (size,), mesh)[0]
+  return (spec,) if isinstance(spec, str) else tuple(spec or ())
 
 
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:

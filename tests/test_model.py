@@ -271,6 +271,28 @@ FULL_SIZE = {
     max_position_embeddings=40960,
     attention_bias=False,
   ),
+  "Qwen3-30B-A3B": dict(
+    architectures=["Qwen3MoeForCausalLM"],
+    model_type="qwen3_moe",
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    tie_word_embeddings=False,
+    max_position_embeddings=40960,
+    attention_bias=False,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+  ),
 }
 
 

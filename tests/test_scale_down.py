@@ -20,6 +20,26 @@ PAPER = sorted(
 )
 
 
+def _scaled(name: str) -> str:
+  """A paper config scaled down, as JSON without its work dir: configs that differ only in
+  the model's size (the test's policy replaces it) scale down to the same run."""
+  from configs import cpu
+
+  c = cpu.get_config(name).to_dict()
+  del c["workdir"]
+  return json.dumps(c, sort_keys=True, default=str)
+
+
+SCALED = {name: _scaled(name) for name in PAPER}
+# One run per distinct scaled-down config (the first name of each).
+DISTINCT = sorted({s: n for n, s in sorted(SCALED.items(), reverse=True)}.values())
+
+
+def test_every_paper_config_scales_down_to_a_run_this_file_makes():
+  assert set(SCALED.values()) == {SCALED[n] for n in DISTINCT}
+  assert len(DISTINCT) >= 6  # the papers' settings really differ
+
+
 @pytest.fixture(scope="module")
 def data_files(tmp_path_factory):
   """Train and eval files a user could have written: arithmetic problems of depth 1 and 2
@@ -42,7 +62,7 @@ def data_files(tmp_path_factory):
   return paths
 
 
-@pytest.mark.parametrize("name", PAPER)
+@pytest.mark.parametrize("name", DISTINCT)
 def test_a_paper_config_scaled_down_runs_two_steps(name, arithmetic_policy, data_files, tmp_path):
   from configs import cpu
 

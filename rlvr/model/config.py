@@ -13,6 +13,7 @@ ARCHITECTURES = {
   "Qwen2ForCausalLM": "qwen2",
   "Qwen3ForCausalLM": "qwen3",
   "LlamaForCausalLM": "llama",
+  "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 _FAMILY_TO_ARCH = {v: k for k, v in ARCHITECTURES.items()}
 
@@ -35,7 +36,7 @@ class RopeScaling:
 class ModelConfig:
   """Shape and numerics of one decoder; hashable, so it can be a static jit arg."""
 
-  family: str  # "qwen2" | "qwen3" | "llama"
+  family: str  # "qwen2" | "qwen3" | "llama" | "qwen3_moe"
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -50,6 +51,16 @@ class ModelConfig:
   rope_scaling: RopeScaling | None = None
   bos_token_id: int | None = None
   eos_token_id: int | None = None
+  # Mixture of experts (family "qwen3_moe"; all 0 / defaults for dense models). A layer is
+  # sparse when (layer + 1) % decoder_sparse_step == 0 and it is not in mlp_only_layers;
+  # the other layers keep a dense MLP of `intermediate_size`.
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  router_aux_loss_coef: float = 0.0  # read from and written to config.json; the loss is not here
 
   def __post_init__(self):
     if self.family not in _FAMILY_TO_ARCH:
@@ -71,6 +82,22 @@ class ModelConfig:
       raise ConfigError(
         f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}"
       )
+    object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+    if self.family != "qwen3_moe":
+      if self.num_experts:
+        raise ConfigError(f"num_experts: {self.family} is dense; experts need family qwen3_moe")
+      return
+    if self.num_experts <= 0 or self.moe_intermediate_size <= 0:
+      raise ConfigError("num_experts, moe_intermediate_size: must be positive for qwen3_moe")
+    if not 0 < self.num_experts_per_tok <= self.num_experts:
+      raise ConfigError(
+        f"num_experts_per_tok: {self.num_experts_per_tok} not in 1..{self.num_experts}"
+      )
+    if self.decoder_sparse_step <= 0:
+      raise ConfigError(f"decoder_sparse_step: must be positive, got {self.decoder_sparse_step}")
+    bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+    if bad:
+      raise ConfigError(f"mlp_only_layers: {bad} not in 0..{self.num_layers - 1}")
 
   @property
   def qkv_bias(self) -> bool:
@@ -78,7 +105,23 @@ class ModelConfig:
 
   @property
   def qk_norm(self) -> bool:
-    return self.family == "qwen3"
+    return self.family in ("qwen3", "qwen3_moe")
+
+  @property
+  def is_moe(self) -> bool:
+    return self.num_experts > 0
+
+  def sparse(self, layer: int) -> bool:
+    """True when `layer` has a mixture of experts instead of the dense MLP."""
+    return (
+      self.is_moe
+      and (layer + 1) % self.decoder_sparse_step == 0
+      and layer not in self.mlp_only_layers
+    )
+
+  @property
+  def num_sparse_layers(self) -> int:
+    return sum(self.sparse(i) for i in range(self.num_layers))
 
   @property
   def architecture(self) -> str:
@@ -139,6 +182,17 @@ class ModelConfig:
     eos = hf.get("eos_token_id")
     if isinstance(eos, list):
       eos = eos[0] if eos else None
+    moe = {}
+    if family == "qwen3_moe":
+      moe = dict(
+        num_experts=int(need("num_experts")),
+        num_experts_per_tok=int(need("num_experts_per_tok")),
+        moe_intermediate_size=int(need("moe_intermediate_size")),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(hf.get("decoder_sparse_step", 1)),
+        mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+        router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)),
+      )
     return cls(
       family=family,
       vocab_size=need("vocab_size"),
@@ -155,6 +209,7 @@ class ModelConfig:
       rope_scaling=scaling,
       bos_token_id=hf.get("bos_token_id"),
       eos_token_id=eos,
+      **moe,
     )
 
   def to_hf(self, dtype: str = "float32") -> dict[str, Any]:
@@ -182,9 +237,20 @@ class ModelConfig:
     }
     if self.family == "llama":
       hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-    if self.family == "qwen3":
+    if self.family in ("qwen3", "qwen3_moe"):
       hf["attention_bias"] = False
-    if self.family in ("qwen2", "qwen3"):
+    if self.family == "qwen3_moe":
+      hf.update(
+        num_experts=self.num_experts,
+        num_experts_per_tok=self.num_experts_per_tok,
+        moe_intermediate_size=self.moe_intermediate_size,
+        norm_topk_prob=self.norm_topk_prob,
+        decoder_sparse_step=self.decoder_sparse_step,
+        mlp_only_layers=list(self.mlp_only_layers),
+        router_aux_loss_coef=self.router_aux_loss_coef,
+        output_router_logits=False,
+      )
+    if self.family in ("qwen2", "qwen3", "qwen3_moe"):
       hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=self.num_layers)
     rope = {"rope_type": "default", "rope_theta": self.rope_theta}
     if self.rope_scaling is not None:

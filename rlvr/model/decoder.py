@@ -1,9 +1,11 @@
-"""Decoder-only transformer of the Qwen2 / Qwen2.5 / Qwen3 / Llama-3 family, in Flax.
+"""Decoder-only transformer of the Qwen2 / Qwen2.5 / Qwen3 / Llama-3 / Qwen3-MoE family, in Flax.
 
 Layers are stacked with `nn.scan`, so every layer parameter has a leading
 "layers" axis and a model of any depth compiles once. Every parameter carries
-logical axis names (embed, vocab, heads, kv_heads, head_dim, mlp, layers) that
-`rlvr.sharding` maps onto mesh axes.
+logical axis names (embed, vocab, heads, kv_heads, head_dim, mlp, layers, experts,
+expert_mlp) that `rlvr.sharding` maps onto mesh axes. A mixture-of-experts model whose
+layers are all sparse (or all dense) has one stack, "layers"; one with dense layers among
+sparse ones has a stack per run of alike layers, "layers_<first layer>" (`layer_groups`).
 
 Masking follows segment ids: tokens attend to earlier tokens of the same
 non-zero segment; segment 0 is padding and is never attended to. With a
@@ -13,6 +15,7 @@ every filled slot of their segment up to their own slot.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -23,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr import sharding
-from rlvr.model import attention, lowp
+from rlvr.model import attention, lowp, moe
 from rlvr.model.config import ModelConfig, RopeScaling
 from rlvr.model.lowp import logits_matmul  # noqa: F401 (README: decoder.logits_matmul)
 
@@ -52,6 +55,44 @@ class KVCache:
       segment_bs=jnp.zeros((batch, slots), jnp.int32),
       index=jnp.zeros((), jnp.int32),
     )
+
+
+@flax.struct.dataclass
+class Routing:
+  """What the routers of the sparse layers did, layer-major over the S sparse layers.
+
+  logits: [S, B, T, E] router logits (f32); experts: [S, B, T, k] int32 chosen experts.
+  A dense model has S = E = k = 0: the same pytree with empty arrays.
+  """
+
+  logits: jax.Array
+  experts: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerGroup:
+  """A run of consecutive layers of one kind, stacked under `name`."""
+
+  name: str
+  sparse: bool
+  start: int
+  count: int
+
+  def __contains__(self, layer: int) -> bool:
+    return self.start <= layer < self.start + self.count
+
+
+def layer_groups(config: ModelConfig) -> tuple[LayerGroup, ...]:
+  """The parameter stacks: one "layers" when every layer is alike, else one per run."""
+  kinds = [config.sparse(i) for i in range(config.num_layers)]
+  runs, start = [], 0
+  for i in range(1, config.num_layers + 1):
+    if i == config.num_layers or kinds[i] != kinds[start]:
+      runs.append((kinds[start], start, i - start))
+      start = i
+  if len(runs) == 1:
+    return (LayerGroup("layers", *runs[0]),)
+  return tuple(LayerGroup(f"layers_{s}", sparse, s, n) for sparse, s, n in runs)
 
 
 # ----------------------------------------------------------------------- RoPE
@@ -192,15 +233,57 @@ class MLP(nn.Module):
     return dense(nn.silu(dense(x, wg.astype(dt))) * dense(x, wu.astype(dt)), wd.astype(dt))
 
 
+class MoE(nn.Module):
+  """Router + experts (`rlvr.model.moe`); returns (y, (router logits, chosen experts))."""
+
+  config: ModelConfig
+  param_dtype: Any
+  mesh: Any = None
+
+  @nn.compact
+  def __call__(self, x_btd, routes_btk=None):
+    c, pd, dt = self.config, self.param_dtype, x_btd.dtype
+    e, d, f = c.num_experts, c.hidden_size, c.moe_intermediate_size
+    wr = _param(self, "router_kernel", (d, e), ("embed", None), pd)
+    logits = dense(x_btd, wr.astype(dt)).astype(jnp.float32)
+    weights, experts = moe.route(logits, c.num_experts_per_tok, c.norm_topk_prob, routes_btk)
+    in_axes, out_axes = ("experts", "embed", "expert_mlp"), ("experts", "expert_mlp", "embed")
+    wg = _param(self, "gate_kernel", (e, d, f), in_axes, pd)
+    wu = _param(self, "up_kernel", (e, d, f), in_axes, pd)
+    wd = _param(self, "down_kernel", (e, f, d), out_axes, pd)
+    batch_axes, specs = (), (None, None, None)
+    if self.mesh is not None:
+      batch_axes = sharding.data_axes(self.mesh, x_btd.shape[0])
+      specs = tuple(
+        sharding.spec(a, w.shape, self.mesh)
+        for a, w in ((in_axes, wg), (in_axes, wu), (out_axes, wd))
+      )
+    y = moe.expert_ffn(
+      x_btd,
+      experts,
+      weights.astype(dt),
+      wg.astype(dt),
+      wu.astype(dt),
+      wd.astype(dt),
+      self.mesh,
+      batch_axes,
+      specs,
+    )
+    return y, (logits, experts)
+
+
 class Block(nn.Module):
-  """Pre-norm residual block; the scan body: carry (x, kv cache or None), xs = layer index."""
+  """Pre-norm residual block; the scan body: carry (x, kv cache or None), xs = (layer
+  index, given routes or None); ys: (router logits, experts) of a sparse block, else None."""
 
   config: ModelConfig
   param_dtype: Any
   attention: str = "auto"
+  sparse: bool = False
+  mesh: Any = None
 
   @nn.compact
-  def __call__(self, carry, positions_bt, segment_bt, layer):
+  def __call__(self, carry, positions_bt, segment_bt, layer, routes_btk=None):
     c, pd = self.config, self.param_dtype
     x, kv = carry
     y, kv = Attention(c, pd, self.attention, name="attn")(
@@ -211,11 +294,14 @@ class Block(nn.Module):
       layer,
     )
     x = x + y
-    x = x + MLP(c, pd, name="mlp")(
-      RMSNorm(c.rms_norm_eps, param_dtype=pd, name="post_attn_norm")(x)
-    )
-    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-    return (x, kv), None
+    h = RMSNorm(c.rms_norm_eps, param_dtype=pd, name="post_attn_norm")(x)
+    routing = None
+    if self.sparse:
+      y, routing = MoE(c, pd, self.mesh, name="moe")(h, routes_btk)
+    else:
+      y = MLP(c, pd, name="mlp")(h)
+    x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
+    return (x, kv), routing
 
 
 REMAT_POLICIES = ("nothing", "dots")
@@ -239,6 +325,7 @@ class Decoder(nn.Module):
   attention: str = "auto"
   remat_policy: str = "nothing"
   scan_layers: bool = True
+  mesh: Any = None  # experts per device (expert-parallel over an "expert" axis > 1)
 
   @nn.compact
   def __call__(
@@ -248,6 +335,7 @@ class Decoder(nn.Module):
     segment_bt,
     cache: KVCache | None = None,
     return_hidden: bool = False,
+    routes: jax.Array | None = None,
   ):
     c, pd = self.config, self.param_dtype
     embed = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"), pd)
@@ -256,14 +344,6 @@ class Decoder(nn.Module):
     block = Block
     if self.remat:
       block = nn.remat(Block, prevent_cse=False, policy=remat_policy(self.remat_policy))
-    scanned = nn.scan(
-      block,
-      variable_axes={"params": 0},
-      split_rngs={"params": True},
-      in_axes=(nn.broadcast, nn.broadcast, 0),
-      length=c.num_layers,
-      metadata_params={nn.PARTITION_NAME: "layers"},
-    )(c, pd, self.attention, name="layers")
 
     kv = None
     if cache is not None:
@@ -271,36 +351,67 @@ class Decoder(nn.Module):
         cache.segment_bs, segment_bt.astype(jnp.int32), cache.index, axis=1
       )
       kv = (cache.k, cache.v, seg_in_cache, cache.index)
-    if self.scan_layers or self.is_initializing():
-      (x, kv), _ = scanned((x, kv), positions_bt, segment_bt, jnp.arange(c.num_layers))
-    else:
-      # The same stacked parameters, one layer after another in straight-line code: no
-      # stacked [layers, ...] residuals written and read back by the scan (on CPU those
-      # copies cost as much as the matmuls of a small model); compile time grows with depth.
-      stacked = self.variables["params"]["layers"]
-      for i in range(c.num_layers):
-        (x, kv), _ = block(c, pd, self.attention).apply(
-          {"params": jax.tree.map(lambda a, i=i: a[i], stacked)},
-          (x, kv),
-          positions_bt,
-          segment_bt,
-          i,
-        )
+    routed, sparse_seen = [], 0
+    for group in layer_groups(c):
+      given = None
+      if group.sparse and routes is not None:
+        given = routes[sparse_seen : sparse_seen + group.count]
+      layers = jnp.arange(group.start, group.start + group.count)
+      if self.scan_layers or self.is_initializing():
+        scanned = nn.scan(
+          block,
+          variable_axes={"params": 0},
+          split_rngs={"params": True},
+          in_axes=(nn.broadcast, nn.broadcast, 0, 0),
+          length=group.count,
+          metadata_params={nn.PARTITION_NAME: "layers"},
+        )(c, pd, self.attention, group.sparse, self.mesh, name=group.name)
+        (x, kv), ys = scanned((x, kv), positions_bt, segment_bt, layers, given)
+      else:
+        # The same stacked parameters, one layer after another in straight-line code: no
+        # stacked [layers, ...] residuals written and read back by the scan (on CPU those
+        # copies cost as much as the matmuls of a small model); compile time grows with depth.
+        stacked = self.variables["params"][group.name]
+        each = []
+        for i in range(group.count):
+          (x, kv), y = block(c, pd, self.attention, group.sparse, self.mesh).apply(
+            {"params": jax.tree.map(lambda a, i=i: a[i], stacked)},
+            (x, kv),
+            positions_bt,
+            segment_bt,
+            group.start + i,
+            None if given is None else given[i],
+          )
+          each.append(y)
+        ys = jax.tree.map(lambda *a: jnp.stack(a), *each) if group.sparse else None
+      if group.sparse:
+        routed.append(ys)
+        sparse_seen += group.count
     new_cache = None
     if cache is not None:
       new_cache = KVCache(
         k=kv[0], v=kv[1], segment_bs=kv[2], index=cache.index + tokens_bt.shape[1]
       )
+    if routed:
+      routing = Routing(
+        logits=jnp.concatenate([r[0] for r in routed]),
+        experts=jnp.concatenate([r[1] for r in routed]),
+      )
+    else:
+      b, t = tokens_bt.shape
+      routing = Routing(
+        logits=jnp.zeros((0, b, t, 0), jnp.float32), experts=jnp.zeros((0, b, t, 0), jnp.int32)
+      )
 
     x = RMSNorm(c.rms_norm_eps, param_dtype=pd, name="final_norm")(x)
     if return_hidden:
-      return x, new_cache
+      return x, new_cache, routing
     if c.tie_word_embeddings:
       head = embed.T
     else:
       head = _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"), pd)
     logits = jnp.einsum("btd,dv->btv", x, head.astype(x.dtype), preferred_element_type=jnp.float32)
-    return logits, new_cache
+    return logits, new_cache, routing
 
 
 # ---------------------------------------------------------------- functional API
@@ -322,6 +433,9 @@ def forward(
   attention_impl: str = "auto",
   remat_policy: str = "nothing",
   scan_layers: bool = True,
+  routes: jax.Array | None = None,
+  return_routing: bool = False,
+  mesh: jax.sharding.Mesh | None = None,
 ):
   """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
 
@@ -335,6 +449,14 @@ def forward(
   remat_policy: what each rematerialised layer saves (`REMAT_POLICIES`).
   scan_layers: one `lax.scan` over the stacked layers (compile time independent of
   depth), or False: the layers unrolled (faster for small models on CPU).
+  routes: [S, B, T, k] int32 expert ids per sparse layer (routing replay): the sparse
+  layers use these experts instead of their top-k (weights still from the router).
+  return_routing: also return a `Routing` (router logits and chosen experts of every
+  sparse layer; empty arrays for a dense model), last: `(out, routing)` or
+  `(out, new_cache, routing)`.
+  mesh: the mesh the call runs on: the experts then run per device on its own tokens,
+  expert-parallel over an "expert" axis larger than 1 (`rlvr.model.moe.expert_ffn`);
+  without it the token-slots are sorted as one global array. Dense models ignore it.
   """
   if segment_ids is None:
     segment_ids = jnp.ones(tokens_bt.shape, jnp.int32)
@@ -343,14 +465,20 @@ def forward(
     if cache is not None:
       prior = jnp.sum(cache.segment_bs != 0, axis=-1, keepdims=True).astype(jnp.int32)
       positions = positions + prior
-  out, new_cache = Decoder(
+  if not config.is_moe:
+    mesh = None
+  out, new_cache, routing = Decoder(
     config,
     remat=remat,
     attention=attention_impl,
     remat_policy=remat_policy,
     scan_layers=scan_layers,
-  ).apply({"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden)
-  return out if cache is None else (out, new_cache)
+    mesh=mesh,
+  ).apply({"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden, routes)
+  head = (out,) if cache is None else (out, new_cache)
+  if return_routing:
+    head += (routing,)
+  return head[0] if len(head) == 1 else head
 
 
 def _abstract_init(config: ModelConfig, param_dtype):

@@ -2,7 +2,10 @@
 
 One declarative table maps HF tensor names to parameter paths; entries whose
 path the config does not have (qkv bias for Llama, q/k norm for Qwen2, the
-LM head of a tied model) are dropped by comparing with the abstract params.
+LM head of a tied model, the dense MLP of a sparse layer) are dropped by comparing
+with the abstract params. Per-layer tensors go to the layer's stack
+(`decoder.layer_groups`); per-expert tensors (`mlp.experts.{e}.*`) are stacked
+expert-major, [layers, experts, ...].
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ class KeyRule:
   def per_layer(self) -> bool:
     return "{i}" in self.hf
 
+  @property
+  def per_expert(self) -> bool:
+    return "{e}" in self.hf
+
 
 _L = "model.layers.{i}."
 KEY_TABLE: tuple[KeyRule, ...] = (
@@ -61,6 +68,10 @@ KEY_TABLE: tuple[KeyRule, ...] = (
   KeyRule(_L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_kernel"), "in"),
   KeyRule(_L + "mlp.up_proj.weight", ("layers", "mlp", "up_kernel"), "in"),
   KeyRule(_L + "mlp.down_proj.weight", ("layers", "mlp", "down_kernel"), "in"),
+  KeyRule(_L + "mlp.gate.weight", ("layers", "moe", "router_kernel"), "in"),
+  KeyRule(_L + "mlp.experts.{e}.gate_proj.weight", ("layers", "moe", "gate_kernel"), "in"),
+  KeyRule(_L + "mlp.experts.{e}.up_proj.weight", ("layers", "moe", "up_kernel"), "in"),
+  KeyRule(_L + "mlp.experts.{e}.down_proj.weight", ("layers", "moe", "down_kernel"), "in"),
   KeyRule(_L + "input_layernorm.weight", ("layers", "input_norm", "scale")),
   KeyRule(_L + "post_attention_layernorm.weight", ("layers", "post_attn_norm", "scale")),
   KeyRule("model.norm.weight", ("final_norm", "scale")),
@@ -82,14 +93,30 @@ def _set(tree, path, value):
   tree[path[-1]] = value
 
 
-def active_rules(config: ModelConfig) -> list[tuple[KeyRule, Any]]:
-  """(rule, abstract param) for each table entry this config's model has."""
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One parameter of this config's model and the HF tensors it is made of."""
+
+  rule: KeyRule
+  path: tuple[str, ...]  # in the param tree (the layer stack's name first)
+  leaf: Any  # its abstract value
+  first_layer: int = 0  # HF index of the stack's layer 0
+
+  def keys(self, i: int | None = None, e: int | None = None) -> str:
+    return self.rule.hf.format(i=None if i is None else self.first_layer + i, e=e)
+
+
+def active_rules(config: ModelConfig) -> list[Entry]:
+  """An `Entry` for each table entry this config's model has."""
   shapes = decoder.param_shapes(config)
   out = []
   for rule in KEY_TABLE:
-    leaf = _get(shapes, rule.path)
-    if leaf is not None:
-      out.append((rule, leaf))
+    groups = decoder.layer_groups(config) if rule.per_layer else (None,)
+    for g in groups:
+      path = rule.path if g is None else (g.name,) + rule.path[1:]
+      leaf = _get(shapes, path)
+      if leaf is not None:
+        out.append(Entry(rule, path, leaf, 0 if g is None else g.start))
   return out
 
 
@@ -165,17 +192,21 @@ class _TensorSource:
     return f.get(key)
 
 
-def _read_param(
-  src: _TensorSource, rule: KeyRule, leaf, config: ModelConfig, np_dtype
-) -> np.ndarray:
+def _read_param(src: _TensorSource, entry: Entry, np_dtype) -> np.ndarray:
+  rule, leaf = entry.rule, entry.leaf
   if not rule.per_layer:
     w = src.get(rule.hf, _hf_shape(rule.layout, leaf.shape))
     return _to_ours(w, rule.layout, leaf.shape).astype(np_dtype)
   out = np.empty(leaf.shape, np_dtype)
-  layer_shape = leaf.shape[1:]
-  for i in range(config.num_layers):
-    w = src.get(rule.hf.format(i=i), _hf_shape(rule.layout, layer_shape))
-    out[i] = _to_ours(w, rule.layout, layer_shape)
+  for i in range(leaf.shape[0]):
+    if rule.per_expert:
+      shape = leaf.shape[2:]
+      for e in range(leaf.shape[1]):
+        w = src.get(entry.keys(i, e), _hf_shape(rule.layout, shape))
+        out[i, e] = _to_ours(w, rule.layout, shape)
+    else:
+      w = src.get(entry.keys(i), _hf_shape(rule.layout, leaf.shape[1:]))
+      out[i] = _to_ours(w, rule.layout, leaf.shape[1:])
   return out
 
 
@@ -205,14 +236,14 @@ def load_hf(
     from tqdm import tqdm
 
     items = tqdm(items, desc=f"load {os.path.basename(path)}", unit="param")
-  for rule, leaf in items:
-    host = _read_param(src, rule, leaf, config, np_dtype)
+  for entry in items:
+    host = _read_param(src, entry, np_dtype)
     if shardings is None:
       value = jnp.asarray(host)
     else:
-      sh = _get(shardings, rule.path)
+      sh = _get(shardings, entry.path)
       value = jax.make_array_from_callback(host.shape, sh, lambda idx, h=host: h[idx])
-    _set(params, rule.path, value)
+    _set(params, entry.path, value)
   return config, params
 
 
@@ -232,21 +263,25 @@ def hf_tensors(
   """
   if untie_embeddings and config.tie_word_embeddings:
     yield "lm_head.weight", to_host(params["embedding"])
-  for rule, leaf in active_rules(config):
-    value = _get(params, rule.path)
+  for entry in active_rules(config):
+    rule, where = entry.rule, "/".join(entry.path)
+    value = _get(params, entry.path)
     if value is None:
-      raise CheckpointError(f"params: missing {'/'.join(rule.path)} (HF {rule.hf!r})")
-    if tuple(value.shape) != tuple(leaf.shape):
+      raise CheckpointError(f"params: missing {where} (HF {rule.hf!r})")
+    if tuple(value.shape) != tuple(entry.leaf.shape):
       raise CheckpointError(
-        f"params: {'/'.join(rule.path)} has shape {tuple(value.shape)}, "
-        f"config needs {tuple(leaf.shape)}"
+        f"params: {where} has shape {tuple(value.shape)}, config needs {tuple(entry.leaf.shape)}"
       )
     host = to_host(value)
-    if rule.per_layer:
-      for i in range(config.num_layers):
-        yield rule.hf.format(i=i), _to_hf(host[i], rule.layout)
-    else:
+    if not rule.per_layer:
       yield rule.hf, _to_hf(host, rule.layout)
+      continue
+    for i in range(host.shape[0]):
+      if rule.per_expert:
+        for e in range(host.shape[1]):
+          yield entry.keys(i, e), _to_hf(host[i, e], rule.layout)
+      else:
+        yield entry.keys(i), _to_hf(host[i], rule.layout)
 
 
 def save_hf(

@@ -161,6 +161,13 @@ _TINY_DEFAULTS = dict(
   max_position_embeddings=2048,
   rope_scaling=None,
 )
+# Added for family="qwen3_moe" unless overridden: 8 experts, 2 per token.
+_TINY_MOE_DEFAULTS = dict(
+  num_experts=8,
+  num_experts_per_tok=2,
+  moe_intermediate_size=64,
+  norm_topk_prob=True,
+)
 
 
 def make_tiny(
@@ -177,6 +184,7 @@ def make_tiny(
   overrides: any `ModelConfig` field (family, hidden_size, num_layers, ...);
   `rope_scaling` may be a dict. vocab_size defaults to the tokenizer's size
   rounded up to a multiple of 64. head_dim stays >= 32 (vLLM CPU needs it).
+  family="qwen3_moe" adds 8 experts, 2 per token (`_TINY_MOE_DEFAULTS`).
   Deterministic for a seed.
   """
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -185,6 +193,8 @@ def make_tiny(
     raise TypeError(f"make_tiny: unknown config fields {sorted(unknown)}; known: {sorted(fields)}")
   tokenizer = train_tokenizer(path, tokenizer_vocab, corpus, seed)
   kw = {**_TINY_DEFAULTS, **overrides}
+  if kw["family"] == "qwen3_moe":
+    kw = {**_TINY_MOE_DEFAULTS, **kw}
   if isinstance(kw["rope_scaling"], dict):
     kw["rope_scaling"] = RopeScaling(**kw["rope_scaling"])
   kw.setdefault("vocab_size", -(-len(tokenizer) // 64) * 64)

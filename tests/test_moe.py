@@ -1,0 +1,296 @@
+"""Qwen3-MoE: logits and gradients vs transformers, HF round trip, routing replay, and
+expert-parallel forward / gradient on fake CPU devices equal to one device."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from jax.sharding import PartitionSpec as P
+from transformers import AutoModelForCausalLM
+
+from rlvr import model, sharding
+from rlvr.model import hf_io, moe, safetensors_io
+
+# Two odd shapes: every layer sparse (one "layers" stack, tied, normalised top-k), and
+# dense layers among sparse ones (three stacks, untied, raw top-k probabilities, GQA 4:1).
+MOE_CONFIGS = {
+  "all_sparse": dict(
+    num_layers=2,
+    hidden_size=48,
+    intermediate_size=72,
+    num_heads=3,
+    num_kv_heads=1,
+    num_experts=5,
+    num_experts_per_tok=2,
+    moe_intermediate_size=40,
+    norm_topk_prob=True,
+    tie_word_embeddings=True,
+  ),
+  "mixed": dict(
+    num_layers=4,
+    hidden_size=64,
+    intermediate_size=96,
+    num_heads=4,
+    num_kv_heads=1,
+    num_experts=6,
+    num_experts_per_tok=3,
+    moe_intermediate_size=24,
+    norm_topk_prob=False,
+    mlp_only_layers=[2],
+    tie_word_embeddings=False,
+    router_aux_loss_coef=0.01,
+  ),
+}
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("moe")
+  return {
+    name: model.make_tiny(str(root / name), seed=7 + i, init_std=0.1, family="qwen3_moe", **kw)
+    for i, (name, kw) in enumerate(MOE_CONFIGS.items())
+  }
+
+
+def _tokens(shape, seed=0):
+  return np.random.RandomState(seed).randint(3, 700, shape).astype(np.int32)
+
+
+def _torch_model(path):
+  return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
+def test_logits_match_transformers(moe_dirs, name):
+  cfg, params = model.load_hf(moe_dirs[name])
+  assert cfg.num_sparse_layers == (2 if name == "all_sparse" else 3)
+  tokens = _tokens((2, 37))
+  mask = np.ones_like(tokens)
+  mask[1, 29:] = 0  # right padding in one row
+  tokens = np.where(mask == 1, tokens, 0)
+  with torch.no_grad():
+    ref = _torch_model(moe_dirs[name])(torch.tensor(tokens), attention_mask=torch.tensor(mask))
+  ref = ref.logits.numpy()
+  ours = model.forward(params, jnp.asarray(tokens), config=cfg, segment_ids=jnp.asarray(mask))
+  real = mask == 1
+  np.testing.assert_allclose(np.asarray(ours)[real], ref[real], atol=1e-4, rtol=0)
+  assert np.abs(ref).max() > 1.0
+  unrolled = model.forward(
+    params, jnp.asarray(tokens), config=cfg, segment_ids=jnp.asarray(mask), scan_layers=False
+  )
+  np.testing.assert_allclose(np.asarray(unrolled), np.asarray(ours), atol=1e-5, rtol=0)
+
+
+def _torch_grads(tm, cfg):
+  """HF-named gradients, the fused expert tensors split per expert as on disk."""
+  f = cfg.moe_intermediate_size
+  out = {}
+  for key, p in tm.named_parameters():
+    g = p.grad.numpy()
+    if key.endswith("mlp.experts.gate_up_proj"):
+      base = key[: -len("gate_up_proj")]
+      for e in range(g.shape[0]):
+        out[f"{base}{e}.gate_proj.weight"] = g[e, :f]
+        out[f"{base}{e}.up_proj.weight"] = g[e, f:]
+    elif key.endswith("mlp.experts.down_proj"):
+      base = key[: -len("down_proj")]
+      for e in range(g.shape[0]):
+        out[f"{base}{e}.down_proj.weight"] = g[e]
+    else:
+      out[key] = g
+  return out
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
+def test_gradients_match_torch_autograd(moe_dirs, name):
+  cfg, params = model.load_hf(moe_dirs[name])
+  tokens = _tokens((2, 19), seed=1)
+  probe = np.random.RandomState(2).randn(2, 19, cfg.vocab_size).astype(np.float32)
+
+  def loss(p):
+    return jnp.sum(model.forward(p, jnp.asarray(tokens), config=cfg) * probe)
+
+  grads = jax.grad(loss)(params)
+  tm = _torch_model(moe_dirs[name])
+  (tm(torch.tensor(tokens)).logits * torch.tensor(probe)).sum().backward()
+  theirs = _torch_grads(tm, cfg)
+  ours = dict(hf_io.hf_tensors(cfg, grads))
+  assert set(ours) == set(theirs)
+  scale = max(np.abs(g).max() for g in theirs.values())
+  for key, g in ours.items():
+    np.testing.assert_allclose(g, theirs[key], atol=1e-4 * scale, rtol=0, err_msg=key)
+  router = [g for k, g in ours.items() if k.endswith("mlp.gate.weight")]
+  assert len(router) == cfg.num_sparse_layers and all(np.abs(g).max() > 0 for g in router)
+
+
+def test_save_hf_round_trip_writes_per_expert_tensors(moe_dirs, tmp_path):
+  cfg, params = model.load_hf(moe_dirs["mixed"])
+  assert cfg.mlp_only_layers == (2,) and cfg.router_aux_loss_coef == 0.01
+  assert [g.name for g in model.layer_groups(cfg)] == ["layers_0", "layers_2", "layers_3"]
+  params = jax.tree.map(lambda p: p + 0.01 * jnp.sin(jnp.arange(p.size).reshape(p.shape)), params)
+  out = model.save_hf(str(tmp_path / "copy"), cfg, params)
+  cfg2, params2 = model.load_hf(out)
+  assert cfg2 == cfg
+  jax.tree.map(
+    lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), params, params2
+  )
+  keys = set(safetensors_io.SafetensorsFile(os.path.join(out, "model.safetensors")).keys())
+  e, f, d = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+  assert {f"model.layers.3.mlp.experts.{i}.down_proj.weight" for i in range(e)} <= keys
+  assert (
+    "model.layers.2.mlp.gate_proj.weight" in keys and "model.layers.2.mlp.gate.weight" not in keys
+  )
+  # Expert 1 of layer 3 (stack layers_3, index 0) is HF's [out, in] transpose of ours.
+  w = safetensors_io.SafetensorsFile(os.path.join(out, "model.safetensors"))
+  up = w.get("model.layers.3.mlp.experts.1.up_proj.weight")
+  assert up.shape == (f, d)
+  np.testing.assert_array_equal(up, np.asarray(params["layers_3"]["moe"]["up_kernel"][0, 1]).T)
+  hf = json.load(open(os.path.join(out, "config.json")))
+  assert hf["architectures"] == ["Qwen3MoeForCausalLM"] and hf["mlp_only_layers"] == [2]
+
+
+def test_routing_replay_uses_the_given_experts(moe_dirs):
+  cfg, params = model.load_hf(moe_dirs["all_sparse"])
+  tokens = jnp.asarray(_tokens((2, 11), seed=3))
+  logits, routing = model.forward(params, tokens, config=cfg, return_routing=True)
+  s, k, e = cfg.num_sparse_layers, cfg.num_experts_per_tok, cfg.num_experts
+  assert routing.logits.shape == (s, 2, 11, e) and routing.experts.shape == (s, 2, 11, k)
+  top = jax.lax.top_k(routing.logits, k)[1]
+  np.testing.assert_array_equal(np.asarray(routing.experts), np.asarray(top))
+  replayed = model.forward(params, tokens, config=cfg, routes=routing.experts)
+  np.testing.assert_array_equal(np.asarray(replayed), np.asarray(logits))
+  other = (routing.experts + 1) % e  # still k distinct experts per token
+  moved, routing2 = model.forward(params, tokens, config=cfg, routes=other, return_routing=True)
+  np.testing.assert_array_equal(np.asarray(routing2.experts), np.asarray(other))
+  assert float(jnp.abs(moved - logits).max()) > 1e-3
+
+  def loss(p):
+    return jnp.sum(model.forward(p, tokens, config=cfg, routes=other) ** 2)
+
+  router_grad = jax.grad(loss)(params)["layers"]["moe"]["router_kernel"]
+  assert float(jnp.abs(router_grad).max()) > 0
+
+
+def test_dense_model_returns_empty_routing():
+  cfg = model.ModelConfig(
+    family="qwen3",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+  )
+  params = model.init(cfg, jax.random.key(0))
+  tokens = jnp.asarray(_tokens((2, 5), seed=4) % 64)
+  logits, routing = model.forward(params, tokens, config=cfg, return_routing=True)
+  assert routing.logits.shape == (0, 2, 5, 0) and routing.experts.shape == (0, 2, 5, 0)
+  np.testing.assert_array_equal(
+    np.asarray(logits), np.asarray(model.forward(params, tokens, config=cfg))
+  )
+
+
+def _forward_and_grads(cfg, params, mesh, rows=4):
+  """Logits and the gradient of a fixed probe of them, computed on `mesh`."""
+  tokens = _tokens((rows, 13), seed=5)
+  seg = np.ones_like(tokens)
+  seg[0, :3] = 0
+  probe = np.random.RandomState(6).randn(rows, 13, cfg.vocab_size).astype(np.float32)
+  placed = jax.device_put(params, model.param_shardings(cfg, mesh))
+  rows_sh = jax.sharding.NamedSharding(mesh, P(sharding.data_axes(mesh, rows) or None))
+  tok, sg = (jax.device_put(jnp.asarray(a), rows_sh) for a in (tokens, seg))
+
+  def loss(p, tok, sg):
+    logits = model.forward(p, tok, config=cfg, segment_ids=sg, mesh=mesh)
+    return jnp.sum(logits * probe), logits
+
+  (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(placed, tok, sg)
+  return np.asarray(logits), jax.tree.map(np.asarray, grads)
+
+
+@pytest.fixture(scope="module")
+def one_device(moe_dirs):
+  cfg, params = model.load_hf(moe_dirs["mixed"])
+  return cfg, params, _forward_and_grads(cfg, params, sharding.make_mesh({}, jax.devices()[:1]))
+
+
+@pytest.mark.parametrize(
+  "mesh_axes",
+  [
+    {"expert": 2},  # rows split over the expert axis: gathered, computed, scattered back
+    {"fsdp": 2, "expert": 2},
+    {"fsdp": 4, "expert": 2},  # 4 rows over fsdp only: partial sums added over experts
+  ],
+)
+def test_expert_parallel_equals_one_device(one_device, mesh_axes):
+  cfg, params, (logits1, grads1) = one_device
+  mesh = sharding.make_mesh(mesh_axes, jax.devices()[: int(np.prod(list(mesh_axes.values())))])
+  gate = params["layers_0"]["moe"]["gate_kernel"]
+  held = model.param_shardings(cfg, mesh)["layers_0"]["moe"]["gate_kernel"]
+  assert held.shard_shape(gate.shape)[1] == cfg.num_experts // 2  # experts split over devices
+  logits, grads = _forward_and_grads(cfg, params, mesh)
+  np.testing.assert_allclose(logits, logits1, atol=1e-5, rtol=0)
+  assert np.abs(logits1).max() > 1.0
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(grads1)):
+    tol = 1e-5 * np.abs(b).max() + 1e-7
+    np.testing.assert_allclose(a, b, atol=tol, err_msg=jax.tree_util.keystr(path))
+
+
+def test_tiled_grouped_matmul_equals_ragged_dot():
+  r = np.random.RandomState(8)
+  e, d, f = 5, 8, 6
+  xs = jnp.asarray(r.randn(50, d), jnp.float32)
+  gate, up = (jnp.asarray(r.randn(e, d, f), jnp.float32) for _ in range(2))
+  down = jnp.asarray(r.randn(e, f, d), jnp.float32)
+  sizes = jnp.asarray([7, 0, 13, 3, 9], jnp.int32)  # an empty group, 18 rows past them all
+  want = moe.swiglu_ragged(xs, sizes, gate, up, down)
+  assert float(jnp.abs(want[32:]).max()) == 0.0
+  for tile in (1, 4, 128):
+    got = moe.swiglu_tiles(xs, sizes, gate, up, down, tile=tile)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-5)
+
+  def loss(grouped, *w):
+    return jnp.sum(jnp.sin(moe.local_expert_ffn(xs[:20], experts, mix, *w, grouped=grouped)))
+
+  experts = jnp.asarray(np.argsort(r.rand(20, e), axis=1)[:, :2], jnp.int32)
+  mix = jnp.asarray(r.rand(20, 2), jnp.float32)
+  g_ragged = jax.grad(lambda *w: loss("ragged", *w), argnums=(0, 1, 2))(gate, up, down)
+  g_tiles = jax.grad(lambda *w: loss("tiles", *w), argnums=(0, 1, 2))(gate, up, down)
+  for a, b in zip(g_tiles, g_ragged):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * np.abs(b).max(), rtol=0)
+
+
+def test_learner_update_on_an_expert_mesh_equals_one_device(one_device):
+  """The learner's update of a MoE policy (its forward given no mesh: GSPMD places the
+  experts' work) on fsdp=2 x expert=2 equals one device's, and moves experts and router."""
+  import learner_worker as worker
+
+  from rlvr import learner
+
+  cfg, params, _ = one_device
+  lc = worker.learner_config()
+  host = worker.make_batch(0, cfg.vocab_size)
+
+  def step(mesh):
+    state = learner.init_state(cfg, lc, params, mesh)
+    batch = learner.TrainBatch(
+      **{k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim)) for k, v in host.items()}
+    )
+    state, metrics = learner.make_update_fn(cfg, lc, mesh)(state, batch)
+    return jax.tree.map(np.asarray, state.params), float(metrics["loss"])
+
+  one, loss1 = step(sharding.make_mesh({}, jax.devices()[:1]))
+  many, loss4 = step(sharding.make_mesh({"fsdp": 2, "expert": 2}, jax.devices()[:4]))
+  np.testing.assert_allclose(loss4, loss1, rtol=1e-5)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(many), jax.tree.leaves(one)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+  moe0 = params["layers_0"]["moe"]
+  for name in ("router_kernel", "gate_kernel", "down_kernel"):
+    assert np.abs(one["layers_0"]["moe"][name] - np.asarray(moe0[name])).max() > 1e-5, name
