@@ -119,7 +119,7 @@ def test_two_processes_run_the_plain_config_as_one_process_does(plain_runs):
   for name in ("model.safetensors", "config.json"):
     assert (two / "policy" / name).read_bytes() == (one / "policy" / name).read_bytes()
   # Each process says who it is and which mesh it built; only process 0 wrote files.
-  assert "process 0 of 2: global mesh {'data': 1, 'fsdp': 2, 'tensor': 1}" in logs[0]
+  assert "process 0 of 2: global mesh {'data': 1, 'fsdp': 2, 'expert': 1, 'tensor': 1}" in logs[0]
   assert "process 1 of 2" in logs[1]
   assert not [f for f in os.listdir(two) if f.startswith(".shared-check")]
 
