@@ -109,22 +109,17 @@ def one_device_learner():
   return make
 
 
-@pytest.fixture(scope="session")
-def arithmetic_policy(tiny_dirs, tmp_path_factory):
-  """The test qwen2 model after 300 SFT steps on 300 worked solutions plus their
-  inverse pairs (as the embedded default's warm start): it solves some problems,
-  so some are underperforming, and turns solutions back into problems, so the
-  step sees synthesis and synthetic-solving groups. Same architecture and
-  tokenizer as the served model: the vLLM test pushes these weights."""
+def sft_on_arithmetic(model_dir: str, problems, out_dir: str) -> str:
+  """`model_dir` after 300 SFT steps on `problems`' worked solutions plus their inverse
+  pairs (as the embedded default's warm start); the SFT'd HF dir."""
   import jax
 
   from rlvr import learner, sharding
   from rlvr.sft import train_sft
   from rlvr.tasks import arithmetic
 
-  train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
-  pairs = [(p.problem, p.solution) for p in train[:300]]
-  pairs += [arithmetic.inverse_pair(p) for p in train[:300]]
+  pairs = [(p.problem, p.solution) for p in problems]
+  pairs += [arithmetic.inverse_pair(p) for p in problems]
   lc = learner.LearnerConfig(
     learning_rate=3e-3,
     weight_decay=0.0,
@@ -135,16 +130,22 @@ def arithmetic_policy(tiny_dirs, tmp_path_factory):
     dual_clip=None,
   )
   mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  out = train_sft(
-    tiny_dirs["qwen2"],
-    pairs,
-    str(tmp_path_factory.mktemp("svs_sft")),
-    learner_cfg=lc,
-    mesh=mesh,
-    steps=300,
-    batch_size=32,
-    progress=False,
+  return train_sft(
+    model_dir, pairs, out_dir, learner_cfg=lc, mesh=mesh, steps=300, batch_size=32, progress=False
   )
+
+
+@pytest.fixture(scope="session")
+def arithmetic_policy(tiny_dirs, tmp_path_factory):
+  """The test qwen2 model after 300 SFT steps on 300 worked solutions plus their
+  inverse pairs (`sft_on_arithmetic`): it solves some problems,
+  so some are underperforming, and turns solutions back into problems, so the
+  step sees synthesis and synthetic-solving groups. Same architecture and
+  tokenizer as the served model: the vLLM test pushes these weights."""
+  from rlvr.tasks import arithmetic
+
+  train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
+  out = sft_on_arithmetic(tiny_dirs["qwen2"], train[:300], str(tmp_path_factory.mktemp("svs_sft")))
   return out, train[300:]
 
 

@@ -114,36 +114,13 @@ def test_no_sandbox_stops_the_run_before_anything_runs(tmp_path, monkeypatch):
 def code_policy(tiny_dirs, tmp_path_factory):
   """The test qwen2 model after SFT on 300 arithmetic problems answered by programs, plus
   their inverse pairs (the synthesis task SvS asks for)."""
-  import jax
+  from conftest import sft_on_arithmetic
 
-  from rlvr import learner, sharding
-  from rlvr.sft import train_sft
   from rlvr.tasks import arithmetic
 
   train, _ = arithmetic.make_splits(300, 0, max_operand=9)
   train = [arithmetic.as_program(p) for p in train]
-  pairs = [(p.problem, p.solution) for p in train]
-  pairs += [arithmetic.inverse_pair(p) for p in train]
-  lc = learner.LearnerConfig(
-    learning_rate=3e-3,
-    weight_decay=0.0,
-    lr_schedule="cosine",
-    warmup_steps=20,
-    total_steps=300,
-    min_lr_ratio=0.1,
-    dual_clip=None,
-  )
-  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  return train_sft(
-    tiny_dirs["qwen2"],
-    pairs,
-    str(tmp_path_factory.mktemp("code_sft")),
-    learner_cfg=lc,
-    mesh=mesh,
-    steps=300,
-    batch_size=32,
-    progress=False,
-  )
+  return sft_on_arithmetic(tiny_dirs["qwen2"], train, str(tmp_path_factory.mktemp("code_sft")))
 
 
 def _samples(path):
