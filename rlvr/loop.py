@@ -7,10 +7,16 @@ on the groups packed into bucketed shapes (`rlvr.ppo`, `rlvr.packing`), one
 weight push to the sampler, and the phases' timings. Everything outside the
 update is plain Python around the Sampler and the scorer, reached through a
 `StepEnv`.
+
+`Rollouts` decides when a step's buffer is built: at the start of the step
+(`max_staleness` 0, strict alternation), or one step ahead, from the weights the
+sampler holds while the previous update runs (`max_staleness` 1, one-step
+off-policy), in a worker thread when the sampler runs apart from the learner.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from typing import Any, Callable, Sequence
@@ -53,6 +59,8 @@ class RLConfig:
   pack_len: int = 0  # packed row length (0: seq_len, the longest sequence)
   pack_min_rows: int = 8  # packed row counts: powers of two >= this (a multiple of
   # data-parallel devices x learner micro-batch rows)
+  max_staleness: int = 0  # 0: each step samples from the weights it updates; 1: the
+  # buffer of step t+1 is sampled from the weights before update t, while it runs
   seed: int = 0
 
   def __post_init__(self):
@@ -85,6 +93,16 @@ class RLConfig:
       )
     if self.old_logp not in ("learner", "sampler"):
       raise ValueError(f"old_logp: unknown {self.old_logp!r}; expected learner|sampler")
+    if self.max_staleness not in (0, 1):
+      raise ValueError(
+        f"max_staleness: expected 0 or 1, got {self.max_staleness} (one set of sampler "
+        "weights holds one version; staleness 2 would need two)"
+      )
+    if self.max_staleness and self.old_logp != "learner":
+      raise ValueError(
+        "old_logp: 'sampler' with max_staleness=1 would clip against weights one update "
+        "behind the learner's; use old_logp='learner' (TIS still uses the sampler's)"
+      )
     if self.pack_len < 0 or self.pack_min_rows < 1:
       raise ValueError(
         f"pack_len / pack_min_rows: must be >= 0 / >= 1, got {self.pack_len} / {self.pack_min_rows}"
@@ -225,6 +243,14 @@ class StepEnv:
     self.shaped = 0
     self.reported: tuple[list[Group], list[Group], int] | None = None
 
+  def fork(self) -> "StepEnv":
+    """The same sampler, scorer and encoders with counters of its own: one per buffer,
+    so a buffer built ahead in a worker thread counts only its own calls."""
+    env = object.__new__(StepEnv)
+    env.__dict__.update(self.__dict__)
+    env.reset()
+    return env
+
   def report_rollouts(self, sampled: Sequence[Group], kept: Sequence[Group], rounds: int) -> None:
     """Names the rollouts the step's metrics describe (`rollout_metrics`): the groups
     sampled for the update, those kept, and the sampling rounds. `gather_groups`
@@ -349,8 +375,130 @@ def rollout_metrics(
   return out
 
 
+@dataclasses.dataclass
+class Buffer:
+  """The data of one step's update, with the metrics of building it (`build_buffer`).
+
+  version: the sampler's weight version when the build began; started / ended:
+  `time.perf_counter()` stamps of the build.
+  """
+
+  step: int
+  groups: list[Group]
+  metrics: dict[str, Any]
+  version: int
+  started: float = 0.0
+  ended: float = 0.0
+
+
+def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
+  """method.buffer(env, step) on a fork of env, with its rollout metrics and counters."""
+  env = env.fork()
+  t0 = time.perf_counter()
+  groups, m = method.buffer(env, step)
+  m = dict(m)
+  if env.reported is not None:
+    m.update(rollout_metrics(*env.reported, env.rl))
+  m.update(
+    {
+      "prompts_too_long": env.prompts_too_long,
+      **{k: v / max(env.shaped, 1) for k, v in env.shaping_sums.items()},
+      "time_sample": env.time_sample,
+      "time_score": env.time_score,
+      "generated_tokens": env.generated_tokens,
+    }
+  )
+  t1 = time.perf_counter()
+  m["time_buffer"] = t1 - t0
+  return Buffer(step, list(groups), m, version, t0, t1)
+
+
+def staleness_metrics(buf: Buffer) -> dict[str, float]:
+  """Update step minus the weight version each sample was drawn from (the sampler's tag
+  when it gives one, else the version it held when the build began)."""
+  ages = [
+    buf.step - (c.weight_version if c.weight_version is not None else buf.version)
+    for g in buf.groups
+    for c in g.completions
+  ]
+  if not ages:
+    return {}
+  return {"staleness_mean": float(np.mean(ages)), "staleness_max": int(max(ages))}
+
+
+class Rollouts:
+  """Where each step's buffer comes from, in step order.
+
+  max_staleness 0: built when the step takes it, from the weights the step updates.
+  max_staleness 1: the buffer of step t+1 is built from the weights the sampler holds
+  during update t (version t, one behind the update that will use it); step 0's, and
+  a resumed run's first when no buffer was saved ahead, are built when taken. With
+  `overlap` the build runs in a worker thread while the update runs; without (an
+  in-process sampler on the learner's devices, where nothing can overlap) it runs
+  just before the update: the same buffers, the same updates, no time saved.
+  The buffer built ahead is finished before the weight push (`finish_ahead`), so
+  between steps nothing is in flight and `pending` is what a checkpoint saves.
+  """
+
+  def __init__(self, method, env: StepEnv, *, overlap: bool = True, last_step: int | None = None):
+    self.method, self.env = method, env
+    self.ahead = env.rl.max_staleness == 1
+    self.overlap, self.last_step = overlap, last_step
+    self.pending: Buffer | None = None
+    self.built: list[Buffer] = []  # the builds of the current step, for its timings
+    self._future: concurrent.futures.Future | None = None
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, "rollouts") if overlap else None
+
+  def take(self, step: int) -> Buffer:
+    """Step `step`'s buffer: the one built ahead, else built now."""
+    if self.pending is not None and self.pending.step == step:
+      buf, self.pending, self.built = self.pending, None, []
+      return buf
+    self.pending = None
+    buf = build_buffer(self.method, self.env, step, version=step)
+    self.built = [buf]
+    return buf
+
+  def start_ahead(self, step: int) -> None:
+    """Begins the next step's buffer from the weights the sampler holds now (version step)."""
+    nxt = step + 1
+    if not self.ahead or (self.last_step is not None and nxt >= self.last_step):
+      return
+    if self._pool is not None:
+      self._future = self._pool.submit(build_buffer, self.method, self.env, nxt, step)
+    else:
+      self.pending = build_buffer(self.method, self.env, nxt, step)
+      self.built.append(self.pending)
+
+  def finish_ahead(self) -> None:
+    """Waits for the buffer begun by `start_ahead` (errors in its build surface here)."""
+    if self._future is not None:
+      future, self._future = self._future, None
+      self.pending = future.result()
+      self.built.append(self.pending)
+
+  def close(self) -> None:
+    if self._future is not None:
+      self._future.cancel()
+      concurrent.futures.wait([self._future])
+      self._future = None
+    if self._pool is not None:
+      self._pool.shutdown(wait=True)
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
+  return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
 def rl_step(
-  state, update_fn, method, env: StepEnv, step: int, to_batch: Callable[[dict], Any], logp_fn=None
+  state,
+  update_fn,
+  method,
+  env: StepEnv,
+  step: int,
+  to_batch: Callable[[dict], Any],
+  logp_fn=None,
+  rollouts: Rollouts | None = None,
 ):
   """One RL step of any method (`rlvr.methods.base.Method`). Returns (new state, metrics).
 
@@ -359,40 +507,54 @@ def rl_step(
   to_batch: numpy dict -> learner.TrainBatch placed on the mesh (per-process
   rows when multi-host); logp_fn: the learner's (params, batch) -> logp, needed
   when a buffer makes several optimizer steps (rl.ppo_mini_batch_size, ppo_epochs).
+  rollouts: when the buffers are built (`Rollouts`; default: strict alternation).
   The sampler gets the new weights at version step + 1, also when the buffer is
   empty and the update is skipped. Where `method.resets_optimizer(step)`, that
   step's update starts from fresh optimizer moments (QbQ: every round).
+
+  The metrics describe the buffer the update used (rollouts, its build's
+  time_sample / time_score / time_buffer, staleness) and the step's wall time:
+  time_update, time_sync, time_step, time_learner_idle (the step's time outside the
+  update), time_sampler_idle (outside generate calls), overlap_frac (the share of the
+  step when a buffer build and the update ran at once) and tokens_per_s (tokens
+  generated during the step per second).
   """
   t0 = time.perf_counter()
-  env.reset()
-  groups, m = method.buffer(env, step)
-  m = dict(m)
-  if env.reported is not None:
-    m.update(rollout_metrics(*env.reported, env.rl))
+  own = rollouts is None
+  rollouts = rollouts if rollouts is not None else Rollouts(method, env, overlap=False)
+  buf = rollouts.take(step)
+  groups, m = buf.groups, dict(buf.metrics)
+  m.update(staleness_metrics(buf))
   if method.resets_optimizer(step):
     state = learner.reset_optimizer(state)
     m["optimizer_reset"] = 1
-  t_buffer = time.perf_counter()
+  rollouts.start_ahead(step)
+  t_update0 = time.perf_counter()
   if groups:
     state, learner_metrics = ppo.update_on_buffer(
       state, update_fn, logp_fn, groups, env.rl, env.pad_id, to_batch, step
     )
     m.update(learner_metrics)
   t_update = time.perf_counter()
+  rollouts.finish_ahead()
+  t_sync = time.perf_counter()
   env.sampler.update_weights(state.params, version=step + 1)
   end = time.perf_counter()
+  if own:
+    rollouts.close()
+  built = rollouts.built
+  step_s = end - t0
   m.update(
     {
       "skipped_update": int(not groups),
-      "prompts_too_long": env.prompts_too_long,
-      **{k: v / max(env.shaped, 1) for k, v in env.shaping_sums.items()},
-      "time_sample": env.time_sample,
-      "time_score": env.time_score,
-      "time_buffer": t_buffer - t0,
-      "time_update": t_update - t_buffer,
-      "time_sync": end - t_update,
-      "time_step": end - t0,
-      "tokens_per_s": env.generated_tokens / (end - t0),
+      "time_update": t_update - t_update0,
+      "time_sync": end - t_sync,
+      "time_step": step_s,
+      "time_learner_idle": step_s - (t_update - t_update0),
+      "time_sampler_idle": step_s - sum(b.metrics["time_sample"] for b in built),
+      "overlap_frac": sum(_overlap((b.started, b.ended), (t_update0, t_update)) for b in built)
+      / step_s,
+      "tokens_per_s": sum(b.metrics["generated_tokens"] for b in built) / step_s,
     }
   )
   return state, m

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr import (
+  buffer_file,
   checkpoint,
   datasets,
   distributed,
@@ -237,11 +238,13 @@ def warm_start(run: Run) -> str:
   )
 
 
-def make_sampler(run: Run, model_cfg, params):
-  """The configured sampler, serving `params` as version 0."""
+def make_sampler(run: Run, model_cfg, params, version: int = 0):
+  """The configured sampler, serving `params` as `version` (the RL step they follow)."""
   c = run.cfg.sampler
   if c.kind == "jax":
-    return JaxSampler(model_cfg, params, run.tokenizer, mesh=run.mesh)
+    sampler = JaxSampler(model_cfg, params, run.tokenizer, mesh=run.mesh)
+    sampler.version = version
+    return sampler
   if c.kind != "vllm":
     raise ValueError(f"sampler.kind: unknown {c.kind!r}; expected jax|vllm")
   from rlvr.sampling.split import ProcessSplitSampler
@@ -271,7 +274,7 @@ def make_sampler(run: Run, model_cfg, params):
     transfer_bucket_mb=c.transfer_bucket_mb,
   )
   client = ProcessSplitSampler(client) if jax.process_count() > 1 else client
-  client.update_weights(params, version=0)
+  client.update_weights(params, version=version)
   return client
 
 
@@ -307,49 +310,73 @@ def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
   return {name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()} for name, r in results.items()}
 
 
-def train(
-  run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, logp_fn, start: int = 0
-):
-  """RL steps from `start` (a restored checkpoint's step) to rl.steps; checkpoints carry
-  the method's state and are keyed by the RL step, not by the optimizer's update count.
+def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, logp_fn, meta=None):
+  """RL steps from the restored checkpoint's step (`meta`; None: from 0) to rl.steps;
+  checkpoints carry the method's state and are keyed by the RL step, not by the
+  optimizer's update count. With rl.loop.max_staleness=1 a checkpoint also keeps the
+  buffer built ahead for the next step (`buffer_file`), which a resumed run uses as is.
 
   SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`).
   """
   from tqdm import tqdm
 
   c = run.cfg
+  start = int(meta["step"]) if meta is not None else 0
+  ahead_dir = os.path.join(run.workdir, "checkpoints_ahead")
+  rollouts = loop.Rollouts(method, env, overlap=env.sampler.overlaps_update, last_step=c.rl.steps)
+  if rollouts.ahead and not rollouts.overlap:
+    print(
+      "rl.loop.max_staleness=1: the sampler shares the learner's devices or collectives, "
+      "so each buffer is built one update behind but before that update, not during it "
+      "(no overlap)",
+      flush=True,
+    )
+  if meta is not None and meta.get("ahead_step") is not None:
+    rollouts.pending = buffer_file.load(ahead_dir, int(meta["ahead_step"]))
   writer = metrics_lib.MetricsWriter(
     run.workdir, resume_step=start, enabled=distributed.is_writer()
   )
   to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, run.mesh))
-  save = lambda step: checkpoint.save(mngr, state, {"method": method.state(), "step": step})
+
+  def save(step):
+    ahead = rollouts.pending
+    if ahead is not None and distributed.is_writer():
+      buffer_file.save(ahead_dir, ahead)
+    extra = {"ahead_step": ahead.step if ahead is not None else None}
+    checkpoint.save(mngr, state, {"method": method.state(), "step": step, **extra})
+    if distributed.is_writer():
+      buffer_file.prune(ahead_dir, mngr.all_steps())
+
   bar = tqdm(
     range(start, c.rl.steps), desc=method.name, unit="step", initial=start, total=c.rl.steps
   )
   skipped = 0
   with interrupt.GracefulStop("RL") as stop:
-    for step in bar:
-      state, m = loop.rl_step(state, update, method, env, step, to_batch, logp_fn)
-      skipped += m.get("skipped_update", 0)
-      if c.eval.every and (step + 1) % c.eval.every == 0:
-        for name, scores in evaluate(run, env.sampler, eval_score).items():
-          m.update({f"{name}_{k}": v for k, v in scores.items()})
-      writer.write(step, m)
-      post = {
-        "acc": f"{m.get('accuracy', float('nan')):.2f}",
-        "ent": f"{m.get('entropy', 0):.2f}",
-        "kept": m.get("groups_kept", 0),
-      }
-      post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
-      bar.set_postfix(post)
-      stopping = stop.agreed()
-      if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stopping:
-        save(step + 1)
-      if stopping:
-        writer.close()
-        stop.exit(
-          f"after RL step {step + 1} of {c.rl.steps} (checkpoint under {run.workdir}/checkpoints)"
-        )
+    try:
+      for step in bar:
+        state, m = loop.rl_step(state, update, method, env, step, to_batch, logp_fn, rollouts)
+        skipped += m.get("skipped_update", 0)
+        if c.eval.every and (step + 1) % c.eval.every == 0:
+          for name, scores in evaluate(run, env.sampler, eval_score).items():
+            m.update({f"{name}_{k}": v for k, v in scores.items()})
+        writer.write(step, m)
+        post = {
+          "acc": f"{m.get('accuracy', float('nan')):.2f}",
+          "ent": f"{m.get('entropy', 0):.2f}",
+          "kept": m.get("groups_kept", 0),
+        }
+        post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
+        bar.set_postfix(post)
+        stopping = stop.agreed()
+        if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stopping:
+          save(step + 1)
+        if stopping:
+          writer.close()
+          stop.exit(
+            f"after RL step {step + 1} of {c.rl.steps} (checkpoint under {run.workdir}/checkpoints)"
+          )
+    finally:
+      rollouts.close()
   writer.close()
   if start < c.rl.steps and skipped == c.rl.steps - start:
     raise loop.NoSignalError(
@@ -439,7 +466,7 @@ def run(cfg) -> dict:
     )
     if meta is not None:
       _restore_method(method, meta)
-    sampler = make_sampler(r, model_cfg, state.params)
+    sampler = make_sampler(r, model_cfg, state.params, int(meta["step"]) if meta else 0)
     if "eval_before" not in r.progress:
       r.progress["eval_before"] = evaluate(r, sampler, eval_score, "before_rl")
       r.save_progress()
@@ -465,7 +492,7 @@ def run(cfg) -> dict:
       eval_score,
       learner.make_update_fn(model_cfg, lc, r.mesh),
       learner.make_logprob_fn(model_cfg, lc),
-      start=int(meta["step"]) if meta is not None else 0,
+      meta,
     )
     mngr.close()
     if r.progress.get("eval_after_step") != cfg.rl.steps:

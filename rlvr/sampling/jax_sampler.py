@@ -180,6 +180,10 @@ def _generate(
 class JaxSampler:
   """Samples from `params` in this process (CPU, or the devices of `mesh`)."""
 
+  # it runs on the learner's devices: a buffer built ahead (rl.loop.max_staleness=1)
+  # is built before the update, not during it (`loop.Rollouts`)
+  overlaps_update = False
+
   def __init__(
     self,
     config: ModelConfig,

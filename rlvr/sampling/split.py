@@ -38,6 +38,10 @@ def _padded(rows: list[Sequence], dtype, width: int) -> np.ndarray:
 class ProcessSplitSampler:
   """Wraps a per-process sampler (e.g. `VLLMSampler` on this host's servers)."""
 
+  # its all-gather is a collective over the learner's devices, which must not interleave
+  # with the update's: a buffer built ahead is built before the update (`loop.Rollouts`)
+  overlaps_update = False
+
   def __init__(self, inner):
     self.inner = inner
 

@@ -67,6 +67,7 @@ class Sampler(Protocol):
 
   eos_token_id: int
   pad_token_id: int
+  overlaps_update: bool  # generate may run in a thread while the learner updates
 
   def generate(
     self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams

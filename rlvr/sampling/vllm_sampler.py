@@ -123,6 +123,9 @@ def serve_policy_copy(
 class VLLMSampler:
   """Sampler backed by vLLM servers at `urls` (e.g. "http://127.0.0.1:8000")."""
 
+  # HTTP calls to other processes: a buffer can be built in a thread during the update
+  overlaps_update = True
+
   def __init__(
     self,
     urls: str | Sequence[str],

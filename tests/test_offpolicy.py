@@ -1,0 +1,219 @@
+"""One-step off-policy rollouts (rl.loop.max_staleness=1): buffers built one update ahead,
+in a worker thread or just before the update, the same either way; their staleness;
+the buffer kept with a checkpoint; a run killed by SIGKILL and resumed, against the real
+vLLM server."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from rules import even_length
+from test_loop import PROMPTS, RL, _env
+from transformers import AutoTokenizer
+
+from rlvr import buffer_file, loop, model
+from rlvr.methods import plain
+from rlvr.sampling import JaxSampler
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AHEAD = dataclasses.replace(RL, max_staleness=1, dynamic_sampling=False)
+_TIMING = ("time_", "tokens_per_s", "overlap_frac")
+
+
+def _run(sampler, state, update, to_batch, tok, rl, overlap, steps=3):
+  env = _env(sampler, tok, even_length)
+  env.rl = rl
+  method = plain.Plain(PROMPTS, seed=0)
+  rollouts = loop.Rollouts(method, env, overlap=overlap, last_step=steps)
+  rows = []
+  try:
+    for step in range(steps):
+      state, m = loop.rl_step(state, update, method, env, step, to_batch, rollouts=rollouts)
+      rows.append(m)
+  finally:
+    rollouts.close()
+  return state, rows
+
+
+def _equal_runs(a, b):
+  (sa, ra), (sb, rb) = a, b
+  for x, y in zip(jax.tree.leaves(sa.params), jax.tree.leaves(sb.params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  for x, y in zip(ra, rb):
+    for k in x:
+      if not k.startswith(_TIMING):
+        assert x[k] == y[k], k
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dirs):
+  cfg, params = model.load_hf(tiny_dirs["qwen2"])
+  return cfg, params, AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
+
+
+def test_buffers_built_ahead_come_from_the_weights_one_update_behind(tiny, one_device_learner):
+  cfg, params, tok = tiny
+
+  def run(rl):
+    state, update, to_batch = one_device_learner(cfg, params, 1e-2)
+    return _run(JaxSampler(cfg, params, tok), state, update, to_batch, tok, rl, overlap=False)
+
+  ahead, now = run(AHEAD), run(dataclasses.replace(AHEAD, max_staleness=0))
+  # Step 0 samples version 0; every later buffer was sampled one update behind its update
+  # (the sampler's own version tags).
+  assert [r["staleness_mean"] for r in ahead[1]] == [0.0, 1.0, 1.0]
+  assert [r["staleness_max"] for r in now[1]] == [0, 0, 0]
+  assert all(r["overlap_frac"] == 0 for r in ahead[1])  # built before the update
+  # Strict alternation trains on other samples from step 1 on.
+  assert ahead[1][0]["reward_mean"] == now[1][0]["reward_mean"]
+  assert any(
+    not np.array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(jax.tree.leaves(ahead[0].params), jax.tree.leaves(now[0].params))
+  )
+
+
+def test_a_worker_thread_changes_when_a_buffer_is_built_not_what_it_holds(
+  vllm_server, served_model_dir, tmp_path, one_device_learner
+):
+  from rlvr.sampling.vllm_sampler import VLLMSampler
+
+  cfg, params = model.load_hf(served_model_dir)
+  tok = AutoTokenizer.from_pretrained(served_model_dir)
+  runs = []
+  for overlap in (False, True):
+    state, update, to_batch = one_device_learner(cfg, params, 1e-2)
+    sampler = VLLMSampler(
+      vllm_server.url,
+      model_config=cfg,
+      eos_token_id=tok.eos_token_id,
+      sync_dir=str(tmp_path / f"sync{overlap}"),
+      sync_dtype=np.float32,
+      weight_sync="transfer",
+    )
+    try:
+      sampler.update_weights(state.params, version=0)
+      runs.append(_run(sampler, state, update, to_batch, tok, AHEAD, overlap=overlap))
+    finally:
+      sampler.close()
+  _equal_runs(*runs)
+  assert [r["staleness_max"] for r in runs[1][1]] == [0, 1, 1]
+  assert all(r["overlap_frac"] > 0 for r in runs[1][1][:-1])  # the last builds nothing ahead
+
+
+def test_a_buffer_kept_with_a_checkpoint_loads_back_exactly(tiny, tmp_path):
+  cfg, params, tok = tiny
+  env = _env(JaxSampler(cfg, params, tok), tok, even_length)
+  buf = loop.build_buffer(plain.Plain(PROMPTS, seed=0), env, 3, version=2)
+  path = buffer_file.save(str(tmp_path), buf)
+  got = buffer_file.load(str(tmp_path), 3)
+  assert (got.step, got.version, got.metrics) == (3, 2, json.loads(json.dumps(buf.metrics)))
+  assert len(got.groups) == len(buf.groups) == RL.prompts_per_step
+  for a, b in zip(buf.groups, got.groups):
+    assert a.prompt == b.prompt and a.completions == b.completions
+    np.testing.assert_array_equal(a.rewards, b.rewards)
+    np.testing.assert_array_equal(a.correct, b.correct)
+  buffer_file.prune(str(tmp_path), [5])
+  assert not os.path.exists(path)
+
+
+def test_staleness_above_one_and_sampler_old_logprobs_are_refused():
+  with pytest.raises(ValueError, match="max_staleness: expected 0 or 1, got 2"):
+    dataclasses.replace(RL, max_staleness=2)
+  with pytest.raises(ValueError, match="old_logp: 'sampler' with max_staleness=1"):
+    dataclasses.replace(RL, max_staleness=1, old_logp="sampler")
+
+
+def _command(workdir, vllm_server, served_model_dir, steps):
+  return [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_rlvr.py",
+    f"--workdir={workdir}",
+    f"--config.model.path={served_model_dir}",
+    "--config.sampler.kind=vllm",
+    f"--config.sampler.urls={vllm_server.url}",
+    f"--config.sampler.model={vllm_server.options.served_model_name}",
+    "--config.sampler.sync_dtype=float32",
+    "--config.sampler.weight_sync=transfer",
+    "--config.sft.steps=20",
+    "--config.sft.learner.total_steps=20",
+    "--config.sft.batch_size=8",
+    "--config.data.arithmetic.n_sft=64",
+    "--config.data.arithmetic.n_train=64",
+    "--config.data.arithmetic.n_heldout=8",
+    "--config.eval.sampling.n=2",
+    f"--config.rl.steps={steps}",
+    "--config.rl.loop.prompts_per_step=4",
+    "--config.rl.loop.dynamic_sampling=False",
+    "--config.rl.loop.max_staleness=1",
+    "--config.checkpoint.every=2",
+    "--config.reward_workers=1",
+    "--config.export_hf=False",
+  ]
+
+
+_ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+
+
+@pytest.mark.slow
+def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
+  vllm_server, served_model_dir, tmp_path
+):
+  steps = 6
+  full_dir = tmp_path / "full"
+  out = subprocess.run(
+    _command(full_dir, vllm_server, served_model_dir, steps),
+    cwd=REPO,
+    env=_ENV,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  full = [json.loads(line) for line in open(full_dir / "metrics.jsonl")]
+  assert [r["staleness_mean"] for r in full] == [0.0] + [1.0] * (steps - 1)
+  assert all(r["overlap_frac"] > 0 for r in full[:-1])  # sampled in a thread during updates
+  # The same command, killed by SIGKILL once the step-2 checkpoint (with step 2's buffer,
+  # sampled during update 1) is written; the rerun resumes from it.
+  cut = tmp_path / "cut"
+  proc = subprocess.Popen(
+    _command(cut, vllm_server, served_model_dir, steps),
+    cwd=REPO,
+    env=_ENV,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  rows = cut / "metrics.jsonl"
+  while proc.poll() is None and not (rows.exists() and rows.read_text().count("\n") >= 3):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == -signal.SIGKILL, err[-3000:]
+  assert os.path.exists(cut / "checkpoints_ahead" / "step_2.npz")
+  out = subprocess.run(
+    _command(cut, vllm_server, served_model_dir, steps),
+    cwd=REPO,
+    env=_ENV,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "resumed rlvr from step 2" in out.stdout + out.stderr
+  resumed = [json.loads(line) for line in open(rows)]
+  assert [r["step"] for r in resumed] == list(range(steps))
+  for a, b in zip(full, resumed):
+    for k in a:
+      if not k.startswith(_TIMING):
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (a["step"], k)
