@@ -1,5 +1,7 @@
 """Every shipped paper config, scaled down by configs/cpu.py, runs two RL steps on this CPU:
-same method and settings path, in-process sampler, a small SFT'd model, data from files."""
+same method and settings path, in-process sampler, a small SFT'd model, data from files.
+The synthesis methods' runs (SvS, Composition-RL, QbQ) sample one step off-policy
+(rl.loop.max_staleness=1): their step 1 trains on a buffer built from step 0's weights."""
 
 from __future__ import annotations
 
@@ -79,9 +81,14 @@ def test_a_paper_config_scaled_down_runs_two_steps(name, arithmetic_policy, data
   c.qbq.integer_answers = True
   c.qbq.teacher = "procedural"  # exact variants of "Compute ..." problems
   c.qbq.seed_band = "mixed"  # the small policy seldom solves 2 of 4
+  ahead = c.method != "rlvr"
+  c.rl.loop.max_staleness = int(ahead)
   summary = runner.run(c)
   rows = metrics.read_jsonl(os.path.join(c.workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1]
+  for r in rows:  # an update's samples are as old as the setting says
+    if not r.get("skipped_update"):
+      assert r["staleness_max"] == int(ahead and r["step"] > 0), r["step"]
   assert sum(1 - r.get("skipped_update", 0) for r in rows) >= 1
   assert set(summary["eval_after_rl"]) == {"heldout"}
   assert os.path.exists(os.path.join(c.workdir, "policy", "config.json"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -165,3 +166,40 @@ def test_pushed_tensors_are_the_disk_checkpoints(tiny_dirs, family):
     assert [k for k, _ in sent] == [k for k, _ in disk]
     for (k, a), (_, b) in zip(disk, sent):
       assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), k
+
+
+@pytest.mark.slow
+def test_a_restarted_server_is_found_out_and_takes_the_next_push(
+  served, served_model_dir, tmp_path
+):
+  """A server that restarts mid-run comes back on its start-up checkpoint (version
+  "default"): the client's next sampling call pushes it the weights it serves again
+  (opening a new transfer engine), and later pushes go on as before."""
+  from rlvr.sampling.vllm_server import ServerOptions, start_server
+
+  cfg, params, _ = served
+  opts = ServerOptions(max_model_len=512, weight_transfer="rlvr_tcp")
+  server = start_server(served_model_dir, opts, log_path=str(tmp_path / "a.log"))
+  sampler = None
+  try:
+    sampler = _sampler(server, cfg, "transfer", retries=1)
+    first = jax.tree.map(lambda p: p * 0.9, params)
+    sampler.update_weights(first, version=1)
+    assert _reported(sampler) == "1"
+    server.stop()
+    server = start_server(
+      served_model_dir,
+      dataclasses.replace(opts, port=int(server.url.rsplit(":", 1)[1])),
+      log_path=str(tmp_path / "b.log"),
+    )
+    assert _reported(sampler) == "default"
+    assert _max_diff(sampler.generate(PROMPTS, SP), PROMPTS, first, cfg) <= TOL
+    assert _reported(sampler) == "1"
+    second = jax.tree.map(lambda p: p * 0.8, params)
+    sampler.update_weights(second, version=2)
+    assert _reported(sampler) == "2"
+    assert _max_diff(sampler.generate(PROMPTS, SP), PROMPTS, second, cfg) <= TOL
+  finally:
+    if sampler is not None:
+      sampler.close()
+    server.stop()

@@ -162,6 +162,7 @@ class VLLMSampler:
     self.sync_dtype = sync_dtype
     self.keep_versions = keep_versions
     self.version: int | None = None
+    self._served: Any = None  # the params of `version` (transfer: to push again after a restart)
     self._http = http.Client(
       api_key=api_key, timeout_s=request_timeout_s, retries=retries, backoff_s=backoff_s
     )
@@ -264,6 +265,7 @@ class VLLMSampler:
   def generate(
     self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams
   ) -> list[list[Completion]]:
+    self._check_served()
     with self._lock:  # no weight update can land inside this call
       futures = [
         self._pool.submit(self._request, i, p, params, self.version)
@@ -282,6 +284,45 @@ class VLLMSampler:
     sync = {"disk": self._sync_disk, "transfer": self._sync_transfer}[self.weight_sync]
     sync(params, version)
 
+  def _check_served(self) -> None:
+    """A server restarted since the last push serves its start-up checkpoint (it reports
+    version "default"): it gets the current weights again before sampling, or, when they
+    are no longer held here, the call stops with an error naming it."""
+    if self.version is None:
+      return
+    for k, url in enumerate(self.urls):
+      try:
+        got = self._http.get(url + "/weight_info", timeout=10).json().get("weight_version")
+      except (requests.RequestException, ValueError, AttributeError):
+        continue  # unreachable or odd: the sampling request itself retries and reports it
+      if got == "default":
+        print(f"vLLM server {url} restarted: pushing version {self.version} again", flush=True)
+        self._resync(k, url)
+
+  def _resync(self, k: int, url: str) -> None:
+    with self._lock:
+      if self.weight_sync == "disk":
+        path = os.path.join(os.path.abspath(self.sync_dir), f"v{self.version}")
+        self._reload(url, path, self.version)
+        return
+      params = self._served
+      if params is None or any(
+        getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(params)
+      ):
+        raise SamplerError(
+          f"vLLM server {url} restarted and serves its start-up checkpoint; the weights of "
+          f"version {self.version} are no longer held here (an update has replaced them): "
+          "rerun the command to resume from the last checkpoint"
+        )
+      link = self._links[k]
+      link.ready = False  # the restarted server has no transfer engine open yet
+      try:
+        link.push(
+          lambda: link.transport.tensors(self.model_config, params, self.sync_dtype), self.version
+        )
+      except transfer.TransferError as e:
+        raise SamplerError(str(e)) from None
+
   def _sync_transfer(self, params: Any, version: int) -> None:
     with self._lock:
       for link in self._links:
@@ -292,7 +333,7 @@ class VLLMSampler:
           )
         except transfer.TransferError as e:
           raise SamplerError(str(e)) from None
-      self.version = version
+      self.version, self._served = version, params
 
   def _sync_disk(self, params: Any, version: int) -> None:
     """Writes `params` to `sync_dir/v{version}` and reloads every server from it."""
@@ -304,17 +345,21 @@ class VLLMSampler:
     hf_io.save_hf(path, self.model_config, params, dtype=self.sync_dtype, untie_embeddings=True)
     with self._lock:
       for url in self.urls:
-        self._post(
-          url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}
-        )
-        self._post(url, "/reset_prefix_cache", {})
-        try:
-          self._post(url, "/update_weight_version", {"new_version": str(version)})
-        except SamplerError:
-          pass  # older servers lack the route; the version is still tracked here
+        self._reload(url, path, version)
       self.version = version
     if jax.process_index() == 0:  # multi-host: the writer of sync_dir prunes it
       self._prune(version)
+
+  def _reload(self, url: str, path: str, version: int) -> None:
+    """One server reloads the checkpoint at `path` and takes `version` as its name."""
+    self._post(
+      url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}
+    )
+    self._post(url, "/reset_prefix_cache", {})
+    try:
+      self._post(url, "/update_weight_version", {"new_version": str(version)})
+    except SamplerError:
+      pass  # older servers lack the route; the version is still tracked here
 
   def _prune(self, current: int) -> None:
     root = os.path.abspath(self.sync_dir)
