@@ -326,9 +326,9 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
   rollouts = loop.Rollouts(method, env, overlap=env.sampler.overlaps_update, last_step=c.rl.steps)
   if rollouts.ahead and not rollouts.overlap:
     print(
-      "rl.loop.max_staleness=1: the sampler shares the learner's devices or collectives, "
-      "so each buffer is built one update behind but before that update, not during it "
-      "(no overlap)",
+      "rl.loop.max_staleness=1: the in-process sampler shares the learner's devices, so "
+      "each buffer is built one update behind but before that update, not during it "
+      "(no overlap; a vLLM sampler overlaps)",
       flush=True,
     )
   if meta is not None and meta.get("ahead_step") is not None:

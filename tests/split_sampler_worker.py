@@ -26,7 +26,22 @@ def main(coordinator, process_id, url, model_name, model_dir, out):
   )
   prompts = json.loads(os.environ["SPLIT_PROMPTS"])
   sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, logprobs=True, seed=7)
-  groups = sampler.generate(prompts, sp)
+  # Sampled in a worker thread while this thread runs device collectives, as a rollout
+  # built ahead runs during the update (rl.loop.max_staleness=1): the gather is host-side.
+  import concurrent.futures
+
+  import jax.numpy as jnp
+  from jax.experimental import multihost_utils
+
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    fut = pool.submit(sampler.generate, prompts, sp)
+    for _ in range(50):  # the same count on every process
+      assert int(multihost_utils.process_allgather(jnp.int32(1)).sum()) == 2
+    groups = fut.result()
+  assert sampler.overlaps_update
+  ids = lambda gs: [[c.token_ids for c in g] for g in gs]
+  # Two calls more (the second deletes the first's entries) give the same tokens.
+  assert ids(sampler.generate(prompts, sp)) == ids(sampler.generate(prompts, sp)) == ids(groups)
   with open(out, "w") as f:
     json.dump(
       [[[list(c.token_ids), list(c.logprobs), c.text, c.finish_reason] for c in g] for g in groups],

@@ -241,4 +241,4 @@ def test_split_sampler_gives_every_process_the_one_process_rollout(
   for g_got, g_want in zip(got[0], want):
     for (ids, logps, text, finish), c in zip(g_got, g_want):
       assert ids == list(c.token_ids) and text == c.text and finish == c.finish_reason
-      assert logps == pytest.approx(list(c.logprobs), abs=1e-6)  # gathered as float32
+      assert logps == pytest.approx(list(c.logprobs), abs=1e-6)

@@ -7,12 +7,15 @@ global arrays agree without further talk. With the JAX sampler that holds by
 construction (one program over the global mesh). A server-backed sampler (vLLM)
 is per host: `ProcessSplitSampler` gives process p the p-th contiguous slice of
 the prompts, then all-gathers token ids, logprobs, finish reasons, weight versions
-and the texts (as UTF-8 bytes), so the result is identical everywhere.
+and the texts through the coordinator's key-value store (`HostChannel`, not a device
+collective, so it may run during the update), so the result is identical everywhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 from typing import Any, Sequence
 
 import jax
@@ -20,30 +23,100 @@ import numpy as np
 
 from rlvr.sampling.types import Completion, SamplingParams
 
-
-def _gather(x: np.ndarray) -> np.ndarray:
-  """[...] on each process -> [processes, ...] on every process."""
-  from jax.experimental import multihost_utils
-
-  return np.asarray(multihost_utils.process_allgather(x))
+_CHUNK = 1 << 20  # bytes per key-value entry
+_WAIT_MS = 2 * 3600 * 1000  # a dead peer ends the run sooner (distributed's heartbeat)
 
 
-def _padded(rows: list[Sequence], dtype, width: int) -> np.ndarray:
-  out = np.zeros((len(rows), width), dtype)
-  for i, r in enumerate(rows):
-    out[i, : len(r)] = r
+class HostChannel:
+  """All-gather of bytes between processes through `jax.distributed`'s key-value store.
+
+  Host-side messages to the coordinator, no device collective: a gather may run in a
+  worker thread while the learner's jitted update runs its own collectives (a device
+  all-gather there could interleave differently on different processes). Calls are
+  numbered; every process makes the same calls in the same order. A process deletes
+  its entries of call c - 1 once it has read everyone's entries of call c (each peer
+  finished reading c - 1 before writing c).
+  """
+
+  _count = 0
+
+  def __init__(self):
+    self.name = f"rlvr/split{HostChannel._count}"
+    HostChannel._count += 1
+    self.calls = 0
+
+  def allgather(self, data: bytes) -> list[bytes]:
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    me, call = jax.process_index(), self.calls
+    self.calls += 1
+    key = lambda c, p, k: f"{self.name}/{c}/{p}/{k}"
+    chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
+    for k, chunk in enumerate(chunks):
+      client.key_value_set_bytes(key(call, me, k), chunk)
+    client.key_value_set(key(call, me, "n"), str(len(chunks)))
+    out = []
+    for p in range(jax.process_count()):
+      n = int(client.blocking_key_value_get(key(call, p, "n"), _WAIT_MS))
+      out.append(
+        b"".join(client.blocking_key_value_get_bytes(key(call, p, k), _WAIT_MS) for k in range(n))
+      )
+    if call:
+      prev = int(client.blocking_key_value_get(key(call - 1, me, "n"), _WAIT_MS))
+      for k in [*range(prev), "n"]:
+        client.key_value_delete(key(call - 1, me, k))
+    return out
+
+
+def _pack(flat: Sequence[Completion]) -> bytes:
+  """Completions as bytes: token ids, logprobs (float64, as sampled), texts, ends, versions."""
+  buf = io.BytesIO()
+  np.savez(
+    buf,
+    lengths=np.array([len(c.token_ids) for c in flat], np.int64),
+    tokens=np.array([t for c in flat for t in c.token_ids], np.int64),
+    logprobs=np.array([x for c in flat for x in (c.logprobs or ())], np.float64),
+    meta=np.array(
+      json.dumps(
+        [[c.text, c.finish_reason, c.weight_version, c.logprobs is not None] for c in flat]
+      )
+    ),
+  )
+  return buf.getvalue()
+
+
+def _unpack(data: bytes) -> list[Completion]:
+  with np.load(io.BytesIO(data)) as z:
+    lengths, tokens, logps, meta = (
+      z["lengths"],
+      z["tokens"],
+      z["logprobs"],
+      json.loads(str(z["meta"])),
+    )
+  out, t, lp = [], 0, 0
+  for length, (text, finish, version, has_logp) in zip(lengths, meta):
+    length = int(length)
+    logprobs = tuple(float(x) for x in logps[lp : lp + length]) if has_logp else None
+    lp += length if has_logp else 0
+    out.append(
+      Completion(tuple(int(x) for x in tokens[t : t + length]), logprobs, text, finish, version)
+    )
+    t += length
   return out
 
 
 class ProcessSplitSampler:
   """Wraps a per-process sampler (e.g. `VLLMSampler` on this host's servers)."""
 
-  # its all-gather is a collective over the learner's devices, which must not interleave
-  # with the update's: a buffer built ahead is built before the update (`loop.Rollouts`)
-  overlaps_update = False
-
   def __init__(self, inner):
     self.inner = inner
+    self.channel = HostChannel()
+
+  @property
+  def overlaps_update(self) -> bool:
+    """The gather is host-side (`HostChannel`): as the inner sampler."""
+    return self.inner.overlaps_update
 
   def __getattr__(self, name):  # eos / pad ids, urls, ...: the inner sampler's
     return getattr(self.inner, name)
@@ -73,53 +146,5 @@ class ProcessSplitSampler:
       params if params.seed is None else dataclasses.replace(params, seed=params.seed + me * per)
     )
     local = self.inner.generate(mine, local_params) if mine else []
-    flat = [c for group in local for c in group]
-    texts = [c.text.encode("utf-8") for c in flat]
-    # Agree on widths first, then gather fixed-shape arrays.
-    widths = _gather(
-      np.array(
-        [max((len(c.token_ids) for c in flat), default=0), max((len(t) for t in texts), default=0)],
-        np.int32,
-      )
-    )
-    width_tok, width_txt = int(widths[:, 0].max()), int(widths[:, 1].max())
-    rows = per * n
-    pad = rows - len(flat)
-    tokens = np.concatenate(
-      [
-        _padded([c.token_ids for c in flat], np.int32, width_tok),
-        np.zeros((pad, width_tok), np.int32),
-      ]
-    )
-    logps = np.concatenate(
-      [
-        _padded([c.logprobs or () for c in flat], np.float32, width_tok),
-        np.zeros((pad, width_tok), np.float32),
-      ]
-    )
-    txt = np.concatenate(
-      [_padded([list(t) for t in texts], np.uint8, width_txt), np.zeros((pad, width_txt), np.uint8)]
-    )
-    meta = np.zeros((rows, 4), np.int32)  # tokens, text bytes, stopped, weight version
-    for i, (c, t) in enumerate(zip(flat, texts)):
-      meta[i] = (len(c.token_ids), len(t), c.finish_reason == "stop", c.weight_version or 0)
-    tokens, logps, txt, meta = (_gather(a) for a in (tokens, logps, txt, meta))
-    out: list[list[Completion]] = []
-    for p in range(procs):
-      count = max(0, min(per, total - p * per))
-      for g in range(count):
-        group = []
-        for j in range(n):
-          r = g * n + j
-          length, text_len, stopped, version = (int(v) for v in meta[p, r])
-          group.append(
-            Completion(
-              token_ids=tuple(int(t) for t in tokens[p, r, :length]),
-              logprobs=(tuple(float(x) for x in logps[p, r, :length]) if params.logprobs else None),
-              text=bytes(txt[p, r, :text_len]).decode("utf-8"),
-              finish_reason="stop" if stopped else "length",
-              weight_version=version,
-            )
-          )
-        out.append(group)
-    return out
+    slices = [_unpack(b) for b in self.channel.allgather(_pack([c for g in local for c in g]))]
+    return [s[g * n : (g + 1) * n] for s in slices for g in range(len(s) // n)]
