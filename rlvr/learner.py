@@ -29,6 +29,7 @@ from rlvr import grpo, sharding
 from rlvr import lora as lora_lib
 from rlvr.lora import LoraConfig
 from rlvr.model import attention, decoder, lowp
+from rlvr.model import moe as moe_lib
 from rlvr.model.config import ModelConfig
 from rlvr.packing import pack_rows  # noqa: F401 (rlvr.sft imports it from here)
 
@@ -72,6 +73,9 @@ class LearnerConfig:
   # mean of the sequence's token ratios, one weight per sequence
   seq_mask_cap: float | None = None  # M: drop a sequence from the loss when its geometric
   # mean ratio exp(mean_t (old - sampler)) leaves [1/M, M] (logged: seq_masked_frac)
+  moe_aux_loss_coef: float = 0.0  # mixture of experts: weight of the load-balancing loss
+  # (`moe.load_balance_loss`; Qwen3-MoE's own training used 1e-3); 0: off
+  moe_z_loss_coef: float = 0.0  # weight of the router z-loss (`moe.router_z_loss`); 0: off
   logits_chunk: int = 256  # positions per logits block in the loss
   attention: str = "auto"  # "auto" (blockwise at long T), "dense", "blockwise",
   # "cudnn" (GPU flash attention, right-padded rows)
@@ -121,6 +125,11 @@ class LearnerConfig:
       raise ValueError(f"tis_cap: must be > 0, got {self.tis_cap}")
     if self.tis_level not in grpo.TIS_LEVELS:
       raise ValueError(f"tis_level: unknown {self.tis_level!r}; expected one of {grpo.TIS_LEVELS}")
+    if self.moe_aux_loss_coef < 0 or self.moe_z_loss_coef < 0:
+      raise ValueError(
+        f"moe_aux_loss_coef / moe_z_loss_coef: must be >= 0, got "
+        f"{self.moe_aux_loss_coef} / {self.moe_z_loss_coef}"
+      )
     if self.seq_mask_cap is not None and not self.seq_mask_cap > 1:
       raise ValueError(f"seq_mask_cap: must be > 1, got {self.seq_mask_cap}")
     grpo.policy_loss_fn(self.policy_loss)  # a one-line error naming the known losses
@@ -301,10 +310,24 @@ def init_state(
 
 
 # ------------------------------------------------------------------- the loss
-def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig):
-  """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned."""
+def sequence_logprobs(
+  params, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None
+):
+  """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned.
+
+  mesh: the learner's; a mixture of experts then runs its experts per device
+  (expert-parallel over an "expert" axis, `model.forward`)."""
+  return sequence_logprobs_routing(params, batch, model_cfg, cfg, mesh)[:2]
+
+
+def sequence_logprobs_routing(
+  params, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None
+):
+  """(logp_bt, entropy_bt, routing): `sequence_logprobs` plus what the routers of a
+  mixture of experts did (`decoder.Routing`; None for a dense model)."""
+  moe = model_cfg.is_moe
   p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
-  hidden = decoder.forward(
+  out = decoder.forward(
     p,
     batch.tokens_bt,
     config=model_cfg,
@@ -315,11 +338,15 @@ def sequence_logprobs(params, batch: TrainBatch, model_cfg: ModelConfig, cfg: Le
     attention_impl=cfg.attention,
     remat_policy=cfg.remat_policy,
     scan_layers=cfg.scan_layers,
+    mesh=mesh,
+    return_routing=moe,
   )
+  hidden, routing = out if moe else (out, None)
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
-  return grpo.token_logprobs_and_entropy(
+  logp, entropy = grpo.token_logprobs_and_entropy(
     hidden, head, batch.tokens_bt, cfg.logits_chunk, lowp.logits_matmul
   )
+  return logp, entropy, routing
 
 
 def completion_mask(batch: TrainBatch) -> jax.Array:
@@ -337,11 +364,19 @@ def loss_mask(batch: TrainBatch, cfg: LearnerConfig) -> jax.Array:
 
 
 def micro_loss(
-  params, ref_params, batch: TrainBatch, normalizer, model_cfg: ModelConfig, cfg: LearnerConfig
+  params,
+  ref_params,
+  batch: TrainBatch,
+  normalizer,
+  model_cfg: ModelConfig,
+  cfg: LearnerConfig,
+  mesh=None,
+  micro_share=1.0,
 ):
-  """Loss of one micro-batch (already divided by the whole batch's normaliser) and sums."""
+  """Loss of one micro-batch (already divided by the whole batch's normaliser) and sums.
+  micro_share: 1 / the number of micro-batches (weights the router losses)."""
   mask = loss_mask(batch, cfg)
-  logp, entropy = sequence_logprobs(params, batch, model_cfg, cfg)
+  logp, entropy, routing = sequence_logprobs_routing(params, batch, model_cfg, cfg, mesh)
   old = jax.lax.stop_gradient(logp) if batch.old_logp_bt is None else batch.old_logp_bt
   tokens = jnp.sum(mask).astype(jnp.float32)
   sums = {
@@ -388,13 +423,34 @@ def micro_loss(
   sums["pg_loss"] = loss
   if cfg.kl_beta > 0:
     ref_batch = batch.replace(old_logp_bt=None)
-    ref_logp, _ = sequence_logprobs(ref_params, ref_batch, model_cfg, cfg)
+    ref_logp, _ = sequence_logprobs(ref_params, ref_batch, model_cfg, cfg, mesh)
     kl = grpo.kl_penalty(logp, jax.lax.stop_gradient(ref_logp), cfg.kl_estimator)
     sums["kl"] = grpo.masked_sum(kl, mask)
     loss = loss + cfg.kl_beta * grpo.aggregate(
       kl, mask, cfg.aggregation, normalizer, batch.sequences_bt
     )
+  if routing is not None:
+    loss = loss + _router_terms(routing, mask, sums, model_cfg, cfg, micro_share)
   return loss, (sums, extrema)
+
+
+def _router_terms(routing, mask, sums, model_cfg: ModelConfig, cfg: LearnerConfig, share):
+  """Adds the routing statistics to `sums`; returns the router losses' share of the loss
+  (each is a mean over this micro-batch's loss tokens, weighted by `share`, the
+  micro-batch's part of the batch, so one micro-batch gives the batch's own)."""
+  e = model_cfg.num_experts
+  logits = jax.lax.stop_gradient(routing.logits)
+  sums.update(moe_lib.routing_sums(logits, routing.experts, mask, e))
+  extra = 0.0
+  if cfg.moe_aux_loss_coef:
+    aux = moe_lib.load_balance_loss(routing.logits, routing.experts, mask, e)
+    sums["moe_aux_loss"] = jax.lax.stop_gradient(aux) * sums["tokens"]
+    extra = extra + cfg.moe_aux_loss_coef * share * aux
+  if cfg.moe_z_loss_coef:
+    z = moe_lib.router_z_loss(routing.logits, mask)
+    sums["moe_z_loss"] = jax.lax.stop_gradient(z) * sums["tokens"]
+    extra = extra + cfg.moe_z_loss_coef * share * z
+  return extra
 
 
 def _split_micro(batch: TrainBatch, m: int) -> TrainBatch:
@@ -415,8 +471,10 @@ def train_step(
   model_cfg: ModelConfig,
   cfg: LearnerConfig,
   tx: optax.GradientTransformation,
+  mesh=None,
 ):
-  """One optimizer step on `batch` (pure; jitted by `make_update_fn`)."""
+  """One optimizer step on `batch` (pure; jitted by `make_update_fn`; mesh: the one it is
+  jitted for, handed to the model's forward)."""
   counted = completion_mask(batch) if cfg.normalize_all else loss_mask(batch, cfg)
   normalizer = grpo.loss_normalizer(counted, cfg.aggregation, batch.sequences_bt)
   loss_fn = micro_loss
@@ -429,11 +487,12 @@ def train_step(
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   micro = _split_micro(batch, cfg.micro_count(batch.tokens_bt.shape[0]))
+  share = 1.0 / micro.tokens_bt.shape[0]
 
   def body(carry, mb):
     grads_acc, sums_acc, ext_acc = carry
     (loss, (sums, ext)), grads = grad_fn(
-      state.params, state.ref_params, mb, normalizer, model_cfg, cfg
+      state.params, state.ref_params, mb, normalizer, model_cfg, cfg, mesh, share
     )
     sums = dict(sums, loss=loss)
     grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
@@ -447,9 +506,12 @@ def train_step(
   zeros = jax.tree.map(jnp.zeros_like, state.params)
   first = jax.tree.map(lambda x: x[0], micro)
   sums_shape = jax.eval_shape(
-    lambda: loss_fn(state.params, state.ref_params, first, normalizer, model_cfg, cfg)[1][0]
+    lambda: loss_fn(state.params, state.ref_params, first, normalizer, model_cfg, cfg, mesh, share)[
+      1
+    ][0]
   )
-  sums0 = {k: jnp.zeros((), jnp.float32) for k in list(sums_shape) + ["loss"]}
+  sums0 = {k: jnp.zeros(v.shape, jnp.float32) for k, v in sums_shape.items()}
+  sums0["loss"] = jnp.zeros((), jnp.float32)
   ext0 = {"ratio_max": jnp.array(-jnp.inf), "ratio_min": jnp.array(jnp.inf)}
   (grads, sums, ext), _ = jax.lax.scan(body, (zeros, sums0, ext0), micro)
 
@@ -458,9 +520,19 @@ def train_step(
   params = optax.apply_updates(state.params, updates)
   n_tok = jnp.maximum(sums.pop("tokens"), 1.0)
   seq_counts = {k: sums.pop(k) for k in ("seq_masked", "sequences") if k in sums}
+  if "expert_tokens" in sums:  # [S, E]: the busiest expert's load over the mean, per layer
+    load = sums.pop("expert_tokens")
+    ratio = jnp.max(load, -1) / jnp.maximum(jnp.mean(load, -1), 1e-9)
+    metrics_moe = {
+      "expert_load_max_mean": jnp.mean(ratio),
+      "expert_load_max_mean_worst": jnp.max(ratio),
+    }
+  else:
+    metrics_moe = {}
   metrics = {k: (v if k in ("loss", "pg_loss") else v / n_tok) for k, v in sums.items()}
   if seq_counts:
     metrics["seq_masked_frac"] = seq_counts["seq_masked"] / jnp.maximum(seq_counts["sequences"], 1)
+  metrics.update(metrics_moe)
   metrics.update(ext, grad_norm=grad_norm, tokens=n_tok, lr=learning_rate_schedule(cfg)(state.step))
   new_state = state.replace(
     params=params,
@@ -477,7 +549,9 @@ def jit_train_step(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, batch, rule
   replicated, state donated. `.lower(...)` it to inspect a plan without running."""
   state_sh = state_shardings(model_cfg, cfg, mesh, rules)
   batch_sh = jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim, rules), batch)
-  step = functools.partial(train_step, model_cfg=model_cfg, cfg=cfg, tx=make_optimizer(cfg))
+  step = functools.partial(
+    train_step, model_cfg=model_cfg, cfg=cfg, tx=make_optimizer(cfg), mesh=mesh
+  )
   return jax.jit(
     step,
     in_shardings=(state_sh, batch_sh),
@@ -500,16 +574,19 @@ def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None)
   return update
 
 
-def batch_logprobs(params, batch: TrainBatch, *, model_cfg: ModelConfig, cfg: LearnerConfig):
+def batch_logprobs(
+  params, batch: TrainBatch, *, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None
+):
   """logp_bt of the whole batch, one micro-batch at a time (`cfg.micro_count`, as the
   update splits it), so that fixing old logprobs needs no more activation memory than
   a training micro-batch."""
   micro = _split_micro(batch, cfg.micro_count(batch.tokens_bt.shape[0]))
-  logp = jax.lax.map(lambda mb: sequence_logprobs(params, mb, model_cfg, cfg)[0], micro)
+  logp = jax.lax.map(lambda mb: sequence_logprobs(params, mb, model_cfg, cfg, mesh)[0], micro)
   return logp.swapaxes(0, 1).reshape(batch.tokens_bt.shape)  # undo the strided split
 
 
-def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig):
+def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None):
   """Jitted `(params, batch) -> logp_bt` (`batch_logprobs`), e.g. to fix old logprobs
-  before several steps. params: the policy's weights (with LoRA: `policy_params(state, cfg)`)."""
-  return jax.jit(functools.partial(batch_logprobs, model_cfg=model_cfg, cfg=cfg))
+  before several steps. params: the policy's weights (with LoRA: `policy_params(state, cfg)`);
+  mesh: the learner's (a mixture of experts runs expert-parallel on it)."""
+  return jax.jit(functools.partial(batch_logprobs, model_cfg=model_cfg, cfg=cfg, mesh=mesh))

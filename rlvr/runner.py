@@ -491,7 +491,7 @@ def run(cfg) -> dict:
       env,
       eval_score,
       learner.make_update_fn(model_cfg, lc, r.mesh),
-      learner.make_logprob_fn(model_cfg, lc),
+      learner.make_logprob_fn(model_cfg, lc, r.mesh),
       meta,
     )
     mngr.close()

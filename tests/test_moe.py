@@ -268,8 +268,9 @@ def test_tiled_grouped_matmul_equals_ragged_dot():
 
 
 def test_learner_update_on_an_expert_mesh_equals_one_device(one_device):
-  """The learner's update of a MoE policy (its forward given no mesh: GSPMD places the
-  experts' work) on fsdp=2 x expert=2 equals one device's, and moves experts and router."""
+  """The learner's update of a MoE policy (its forward given the learner's mesh: experts
+  run expert-parallel) on fsdp=2 x expert=2 equals one device's, and moves experts and
+  router."""
   import learner_worker as worker
 
   from rlvr import learner
@@ -294,3 +295,65 @@ def test_learner_update_on_an_expert_mesh_equals_one_device(one_device):
   moe0 = params["layers_0"]["moe"]
   for name in ("router_kernel", "gate_kernel", "down_kernel"):
     assert np.abs(one["layers_0"]["moe"][name] - np.asarray(moe0[name])).max() > 1e-5, name
+
+
+def _routing_reference(cfg, params, host):
+  """Routing statistics and router losses by their definitions, in numpy, over the batch's
+  loss tokens (completion tokens of real rows)."""
+  _, routing = model.forward(
+    params,
+    jnp.asarray(host["tokens_bt"]),
+    config=cfg,
+    segment_ids=jnp.asarray(host["segment_bt"]),
+    return_routing=True,
+  )
+  logits = np.asarray(routing.logits, np.float64)  # [S, B, T, E]
+  experts = np.asarray(routing.experts)  # [S, B, T, k]
+  mask = (host["loss_mask_bt"] > 0) & (host["segment_bt"] > 0)
+  lg, ex = logits[:, mask], experts[:, mask]  # [S, N, E], [S, N, k]
+  s, n, e = lg.shape
+  probs = np.exp(lg - lg.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  load = np.stack([np.bincount(ex[i].ravel(), minlength=e) for i in range(s)])  # [S, E]
+  f = np.stack([(ex[:, :, j, None] == np.arange(e)).mean((0, 1)) for j in range(ex.shape[-1])])
+  lse = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
+  return {
+    "expert_load_max_mean": np.mean(load.max(1) / load.mean(1)),
+    "router_entropy": -np.sum(probs * np.log(probs), -1).mean(),
+    "moe_aux_loss": e * np.sum(f * probs.reshape(-1, e).mean(0)[None]),
+    "moe_z_loss": np.mean(lse**2),
+  }
+
+
+def test_router_metrics_and_losses_equal_their_definitions(one_device):
+  """Per-step routing health and the (optional) load-balancing and z-losses, from the
+  learner's update, equal numpy's on the same routing; each loss enters the step's loss
+  with its coefficient, and off by default."""
+  import learner_worker as worker
+
+  from rlvr import learner
+
+  cfg, params, _ = one_device
+  host = worker.make_batch(0, cfg.vocab_size)
+  mesh = sharding.make_mesh({}, jax.devices()[:1])
+  want = _routing_reference(cfg, params, host)
+
+  def metrics(**kw):
+    lc = worker.learner_config(**kw)
+    state = learner.init_state(cfg, lc, params, mesh)
+    batch = learner.TrainBatch(**{k: jnp.asarray(v) for k, v in host.items()})
+    return {k: float(v) for k, v in learner.make_update_fn(cfg, lc, mesh)(state, batch)[1].items()}
+
+  off = metrics()
+  assert "moe_aux_loss" not in off and "moe_z_loss" not in off
+  for k in ("expert_load_max_mean", "router_entropy"):
+    np.testing.assert_allclose(off[k], want[k], rtol=1e-5, err_msg=k)
+  assert 1 <= off["expert_load_max_mean"] <= off["expert_load_max_mean_worst"]
+  on = metrics(moe_aux_loss_coef=0.5, moe_z_loss_coef=0.25)
+  for k in ("moe_aux_loss", "moe_z_loss"):
+    np.testing.assert_allclose(on[k], want[k], rtol=1e-5, err_msg=k)
+  added = 0.5 * want["moe_aux_loss"] + 0.25 * want["moe_z_loss"]
+  np.testing.assert_allclose(on["loss"] - off["loss"], added, rtol=1e-4)
+  # The same with the batch in two micro-batches (each loss a mean over its micro-batch).
+  two = metrics(moe_aux_loss_coef=0.5, moe_z_loss_coef=0.25, micro_batches=2)
+  np.testing.assert_allclose(two["router_entropy"], want["router_entropy"], rtol=1e-5)

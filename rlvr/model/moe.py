@@ -207,3 +207,42 @@ def expert_ffn(
     out_specs=tokens,
     check_vma=False,
   )(x_btd, experts_btk, weights_btk, gate_edf, up_edf, down_efd)
+
+
+# ------------------------------------------------------------ routing statistics
+def routing_sums(logits_snte, experts_sntk, mask_nt, num_experts: int) -> dict:
+  """Per-step routing health of the tokens where mask_nt: sums a micro-batch adds up.
+
+  expert_tokens [S, E]: token-slots each expert took in each sparse layer;
+  router_entropy: the router distribution's entropy (nats) summed over tokens,
+  averaged over the S layers.
+  """
+  m = mask_nt.astype(jnp.float32)
+  onehot = jax.nn.one_hot(experts_sntk, num_experts, dtype=jnp.float32)  # [S,B,T,k,E]
+  counts = jnp.einsum("sbtke,bt->se", onehot, m)
+  logp = jax.nn.log_softmax(logits_snte.astype(jnp.float32), axis=-1)
+  ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [S,B,T]
+  return {"expert_tokens": counts, "router_entropy": jnp.sum(ent * m) / logits_snte.shape[0]}
+
+
+def load_balance_loss(logits_snte, experts_sntk, mask_nt, num_experts: int):
+  """Switch-Transformer / Qwen3-MoE auxiliary loss over the tokens where mask_nt, all
+  sparse layers pooled (as transformers' `load_balancing_loss_func`):
+  E * sum_e f_e * P_e, f_e = share of token-slots routed to e (per top-k rank, summed
+  over ranks), P_e = mean router probability of e. 1 when the load is uniform."""
+  s, _, _, k = experts_sntk.shape
+  m = mask_nt.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m) * s, 1.0)
+  onehot = jax.nn.one_hot(experts_sntk, num_experts, dtype=jnp.float32)  # [S,B,T,k,E]
+  f_ke = jnp.einsum("sbtke,bt->ke", onehot, m) / n
+  probs = jax.nn.softmax(logits_snte.astype(jnp.float32), axis=-1)
+  p_e = jnp.einsum("sbte,bt->e", probs, m) / n
+  return num_experts * jnp.sum(f_ke * p_e[None, :])
+
+
+def router_z_loss(logits_snte, mask_nt):
+  """ST-MoE's router z-loss: the mean over tokens (and sparse layers) of
+  logsumexp(router logits)^2."""
+  m = mask_nt.astype(jnp.float32)
+  z = jax.nn.logsumexp(logits_snte.astype(jnp.float32), axis=-1) ** 2  # [S,B,T]
+  return jnp.sum(z * m) / jnp.maximum(jnp.sum(m) * logits_snte.shape[0], 1.0)
