@@ -357,3 +357,34 @@ def test_router_metrics_and_losses_equal_their_definitions(one_device):
   # The same with the batch in two micro-batches (each loss a mean over its micro-batch).
   two = metrics(moe_aux_loss_coef=0.5, moe_z_loss_coef=0.25, micro_batches=2)
   np.testing.assert_allclose(two["router_entropy"], want["router_entropy"], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_vllm_cpu_serves_the_moe_policy_and_refuses_its_weight_updates(moe_dirs, tmp_path):
+  """The real vLLM CPU server samples the exported MoE policy (dense layers among sparse
+  ones) with log-probs equal to `model.forward`'s; its CPU MoE backend cannot take a
+  weight update (see `VLLMSampler._refuse_cpu_moe_updates`), so the client refuses one in a
+  line naming the server, and the server keeps its policy."""
+  from test_vllm_sampler import PROMPTS, _max_diff
+
+  from rlvr.sampling import SamplingParams
+  from rlvr.sampling.vllm_sampler import SamplerError, VLLMSampler
+  from rlvr.sampling.vllm_server import ServerOptions, start_server
+
+  cfg, params = model.load_hf(moe_dirs["mixed"])
+  server = start_server(
+    moe_dirs["mixed"], ServerOptions(max_model_len=256), log_path=str(tmp_path / "vllm.log")
+  )
+  sampler = VLLMSampler(
+    server.url, model_config=cfg, eos_token_id=cfg.eos_token_id, sync_dir=str(tmp_path)
+  )
+  try:
+    sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=1, ignore_eos=True)
+    outs = sampler.generate(PROMPTS, sp)
+    assert _max_diff(outs, PROMPTS, params, cfg) <= 1e-4
+    with pytest.raises(SamplerError, match=f"vLLM server {server.url}: a CPU server cannot"):
+      sampler.update_weights(jax.tree.map(lambda p: p * 1.1, params), version=1)
+    assert _max_diff(sampler.generate(PROMPTS, sp), PROMPTS, params, cfg) <= 1e-4
+  finally:
+    sampler.close()
+    server.stop()

@@ -162,6 +162,7 @@ class VLLMSampler:
     self.sync_dtype = sync_dtype
     self.keep_versions = keep_versions
     self.version: int | None = None
+    self._updatable: set[str] = set()  # servers checked to take MoE weight updates
     self._served: Any = None  # the params of `version` (transfer: to push again after a restart)
     self._http = http.Client(
       api_key=api_key, timeout_s=request_timeout_s, retries=retries, backoff_s=backoff_s
@@ -281,8 +282,32 @@ class VLLMSampler:
   # ------------------------------------------------------------- weight sync
   def update_weights(self, params: Any, version: int) -> None:
     """Makes every server serve `params` as `version` (by `weight_sync`)."""
+    if self.model_config.is_moe:
+      self._refuse_cpu_moe_updates()
     sync = {"disk": self._sync_disk, "transfer": self._sync_transfer}[self.weight_sync]
     sync(params, version)
+
+  def _refuse_cpu_moe_updates(self) -> None:
+    """vLLM 0.32's CPU mixture-of-experts backend prepacks the expert weights into its
+    grouped-gemm layout when it loads them; a later update (disk reload or transfer)
+    writes checkpoint-layout tensors into that packed storage, and the server then samples
+    from neither policy while reporting the new version. A CPU server (its /server_info)
+    therefore gets no MoE weight update: this stops with an error naming it."""
+    for url in self.urls:
+      if url in self._updatable:
+        continue
+      try:
+        info = self._http.get(url + "/server_info", timeout=60).json()
+      except (requests.RequestException, ValueError):
+        info = {}
+      if "device_config=cpu" in str(info.get("vllm_config", "")):
+        raise SamplerError(
+          f"vLLM server {url}: a CPU server cannot take weight updates of a mixture-of-"
+          "experts policy (vLLM 0.32's CPU MoE backend prepacks expert weights at load, and "
+          "an update writes unpacked tensors into them); sample a fixed MoE checkpoint on "
+          "CPU, or train an MoE policy against GPU servers"
+        )
+      self._updatable.add(url)
 
   def _check_served(self) -> None:
     """A server restarted since the last push serves its start-up checkpoint (it reports
