@@ -29,11 +29,13 @@ def save(directory: str, buf: Buffer) -> str:
   """Writes `buf` atomically under `directory`; returns the file's path."""
   comps = [c for g in buf.groups for c in g.completions]
   with_logp = all(c.logprobs is not None for c in comps)
+  with_routes = bool(comps) and all(c.routes is not None for c in comps)
   meta = {
     "step": buf.step,
     "version": buf.version,
     "metrics": buf.metrics,
     "with_logprobs": with_logp,
+    "with_routes": with_routes,
     "groups": [
       {
         "prompt": [list(g.prompt.ids), g.prompt.answer, g.prompt.text, g.prompt.source],
@@ -49,6 +51,8 @@ def save(directory: str, buf: Buffer) -> str:
     "token_ids": np.array([t for c in comps for t in c.token_ids], np.int64),
     "logprobs": np.array([x for c in comps for x in c.logprobs] if with_logp else [], np.float64),
     "meta": np.array(json.dumps(meta)),
+    # a mixture of experts' sampler routes: [prompt + completion tokens, layers, k] each
+    "routes": np.concatenate([c.routes for c in comps]) if with_routes else np.zeros(0),
   }
   out = path(directory, buf.step)
   with fileio.atomic_open(out, "wb") as f:
@@ -60,16 +64,20 @@ def load(directory: str, step: int) -> Buffer:
   """The buffer `save` wrote for `step`."""
   with np.load(path(directory, step)) as z:
     meta = json.loads(str(z["meta"]))
-    lengths, ids, logps = z["lengths"], z["token_ids"], z["logprobs"]
+    lengths, ids, logps, routes = z["lengths"], z["token_ids"], z["logprobs"], z["routes"]
   ends = np.cumsum(lengths)
   starts = ends - lengths
-  k, groups = 0, []
+  k, r, groups = 0, 0, []
   for g in meta["groups"]:
     comps = []
     for text, finish, version in g["completions"]:
       a, b = int(starts[k]), int(ends[k])
       lp = tuple(float(x) for x in logps[a:b]) if meta["with_logprobs"] else None
-      comps.append(Completion(tuple(int(t) for t in ids[a:b]), lp, text, finish, version))
+      rt = None
+      if meta.get("with_routes"):
+        n = len(g["prompt"][0]) + b - a
+        rt, r = routes[r : r + n], r + n
+      comps.append(Completion(tuple(int(t) for t in ids[a:b]), lp, text, finish, version, rt))
       k += 1
     ids_, answer, text, source = g["prompt"]
     groups.append(

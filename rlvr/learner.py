@@ -76,6 +76,8 @@ class LearnerConfig:
   moe_aux_loss_coef: float = 0.0  # mixture of experts: weight of the load-balancing loss
   # (`moe.load_balance_loss`; Qwen3-MoE's own training used 1e-3); 0: off
   moe_z_loss_coef: float = 0.0  # weight of the router z-loss (`moe.router_z_loss`); 0: off
+  routing_replay: bool = False  # the sparse layers use the experts the sampler routed each
+  # token to (batch.routes_bt), not their own top-k (R3); the router keeps its gradient
   logits_chunk: int = 256  # positions per logits block in the loss
   attention: str = "auto"  # "auto" (blockwise at long T), "dense", "blockwise",
   # "cudnn" (GPU flash attention, right-padded rows)
@@ -168,6 +170,8 @@ class TrainBatch:
   sampler_logp_bt: jax.Array | None = None
   truncated: jax.Array | None = None  # [B], or [B, T] in a packed batch
   positions_bt: jax.Array | None = None  # packed batches; None: counted from segment_bt
+  routes_bt: jax.Array | None = None  # mixture of experts: [B, T, S, k] the sampler's
+  # experts per input token (-1: none), for routing replay and the mismatch metric
 
   @property
   def packed(self) -> bool:
@@ -326,6 +330,9 @@ def sequence_logprobs_routing(
   """(logp_bt, entropy_bt, routing): `sequence_logprobs` plus what the routers of a
   mixture of experts did (`decoder.Routing`; None for a dense model)."""
   moe = model_cfg.is_moe
+  routes = None
+  if moe and cfg.routing_replay and batch.routes_bt is not None:
+    routes = jnp.moveaxis(batch.routes_bt, 2, 0)  # [S, B, T, k]
   p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
   out = decoder.forward(
     p,
@@ -340,6 +347,7 @@ def sequence_logprobs_routing(
     scan_layers=cfg.scan_layers,
     mesh=mesh,
     return_routing=moe,
+    routes=routes,
   )
   hidden, routing = out if moe else (out, None)
   head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
@@ -431,6 +439,12 @@ def micro_loss(
     )
   if routing is not None:
     loss = loss + _router_terms(routing, mask, sums, model_cfg, cfg, micro_share)
+    if batch.routes_bt is not None:  # the experts used here vs the sampler's, as sets
+      given = jnp.moveaxis(batch.routes_bt, 2, 0)
+      real = jnp.all(given >= 0, -1) & (batch.segment_bt > 0)[None]
+      differ = jnp.any(jnp.sort(given, -1) != jnp.sort(routing.experts, -1), -1)
+      sums["routing_differ"] = jnp.sum(differ & real).astype(jnp.float32)
+      sums["routing_checked"] = jnp.sum(real).astype(jnp.float32)
   return loss, (sums, extrema)
 
 
@@ -520,6 +534,11 @@ def train_step(
   params = optax.apply_updates(state.params, updates)
   n_tok = jnp.maximum(sums.pop("tokens"), 1.0)
   seq_counts = {k: sums.pop(k) for k in ("seq_masked", "sequences") if k in sums}
+  if "routing_differ" in sums:  # share of (token, sparse layer) routed unlike the sampler
+    differ, checked = sums.pop("routing_differ"), sums.pop("routing_checked")
+    metrics_routes = {"routing_mismatch": differ / jnp.maximum(checked, 1.0)}
+  else:
+    metrics_routes = {}
   if "expert_tokens" in sums:  # [S, E]: the busiest expert's load over the mean, per layer
     load = sums.pop("expert_tokens")
     ratio = jnp.max(load, -1) / jnp.maximum(jnp.mean(load, -1), 1e-9)
@@ -532,7 +551,7 @@ def train_step(
   metrics = {k: (v if k in ("loss", "pg_loss") else v / n_tok) for k, v in sums.items()}
   if seq_counts:
     metrics["seq_masked_frac"] = seq_counts["seq_masked"] / jnp.maximum(seq_counts["sequences"], 1)
-  metrics.update(metrics_moe)
+  metrics.update(metrics_moe, **metrics_routes)
   metrics.update(ext, grad_norm=grad_norm, tokens=n_tok, lr=learning_rate_schedule(cfg)(state.step))
   new_state = state.replace(
     params=params,

@@ -37,7 +37,8 @@ def first_fit(lengths, capacity: int) -> list[list[int]]:
 def pack_rows(
   rows, n_rows: int, seq_len: int, pad_id: int = 0, bins: list[list[int]] | None = None
 ) -> dict[str, np.ndarray]:
-  """(prompt ids, completion ids, completion logprobs or None) rows -> right-padded arrays.
+  """(prompt ids, completion ids, completion logprobs or None[, routes]) rows -> right-padded
+  arrays (routes: a mixture of experts' [tokens, layers, k] experts per input token).
 
   The layout every update sees (RL buffers and SFT alike): prompt, then the
   completion (the only tokens in the loss), then padding; rows past the given
@@ -56,10 +57,17 @@ def pack_rows(
   sampler_logp = np.zeros((n_rows, seq_len), np.float32)
   positions = np.zeros((n_rows, seq_len), np.int32)
   sequence = np.full((n_rows, seq_len), -1, np.int32)
+  routed = [r[3] for r in rows if len(r) > 3 and r[3] is not None]
+  routes = None
+  if routed:  # mixture of experts: the sampler's experts per input token, -1 elsewhere
+    routes = np.full((n_rows, seq_len) + routed[0].shape[1:], -1, np.int32)
   for r, members in enumerate(bins):
     start = 0
     for s, i in enumerate(members, 1):
-      prompt, completion, logprobs = rows[i]
+      prompt, completion, logprobs = rows[i][:3]
+      if routes is not None and len(rows[i]) > 3 and rows[i][3] is not None:
+        given = rows[i][3][: seq_len - start]
+        routes[r, start : start + len(given)] = given
       ids = (list(prompt) + list(completion))[: seq_len - start]
       p, end = start + len(prompt), start + len(ids)
       tokens[r, start:end] = ids
@@ -71,6 +79,8 @@ def pack_rows(
         sampler_logp[r, p:end] = logprobs[: end - p]
       start = end
   out = dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask, sampler_logp_bt=sampler_logp)
+  if routes is not None:
+    out["routes_bt"] = routes
   if packed:
     out.update(positions_bt=positions, sequence_bt=sequence)
   return out
@@ -103,8 +113,8 @@ def build_batch(
   need rounded up to a power of two >= cfg.pack_min_rows, with per-token
   advantages and truncation flags.
   """
-  seqs = [(g.prompt.ids, c.token_ids, c.logprobs) for g in groups for c in g.completions]
-  lengths = [len(p) + len(c) for p, c, _ in seqs]
+  seqs = [(g.prompt.ids, c.token_ids, c.logprobs, c.routes) for g in groups for c in g.completions]
+  lengths = [len(s[0]) + len(s[1]) for s in seqs]
   adv = np.zeros((len(seqs),), np.float32)
   r = 0
   for g in groups:

@@ -388,3 +388,48 @@ def test_vllm_cpu_serves_the_moe_policy_and_refuses_its_weight_updates(moe_dirs,
   finally:
     sampler.close()
     server.stop()
+
+
+def test_routing_replay_from_the_jax_sampler(moe_dirs, one_device):
+  """The JAX sampler returns the experts it routed each fed token to (prompt and
+  completion; -1 for the last token, never fed), equal to a full forward's; the learner
+  at other weights routes some tokens elsewhere (routing_mismatch > 0), and with
+  rl.learner.routing_replay it uses the sampler's experts: the mismatch is 0."""
+  from transformers import AutoTokenizer
+
+  from rlvr import learner, loop, packing
+  from rlvr.sampling import JaxSampler, SamplingParams
+
+  cfg, params, _ = one_device
+  tok = AutoTokenizer.from_pretrained(moe_dirs["mixed"])
+  sampler = JaxSampler(cfg, params, tok)
+  prompts = [[5, 6, 7, 8], [30, 31], [200, 201, 202]]
+  outs = sampler.generate(prompts, SamplingParams(n=2, max_tokens=6, seed=0, ignore_eos=True))
+  s, k = cfg.num_sparse_layers, cfg.num_experts_per_tok
+  for p, group in zip(prompts, outs):
+    for c in group:
+      seq = list(p) + list(c.token_ids)
+      assert c.routes.shape == (len(seq), s, k) and (c.routes[-1] == -1).all()
+      _, routing = model.forward(params, jnp.asarray([seq]), config=cfg, return_routing=True)
+      full = np.swapaxes(np.asarray(routing.experts)[:, 0], 0, 1)  # [T, S, k]
+      np.testing.assert_array_equal(np.sort(c.routes[:-1], -1), np.sort(full[:-1], -1))
+  rl = loop.RLConfig(prompts_per_step=3, group_size=2, max_prompt_len=8, max_response_len=8)
+  groups = [
+    loop.Group(loop.Prompt(tuple(p), "0"), g, np.array([0.0, 1.0], np.float32), np.ones(2, bool))
+    for p, g in zip(prompts, outs)
+  ]
+  arrays = packing.build_batch(groups, rl, tok.pad_token_id)
+  assert arrays["routes_bt"].shape[2:] == (s, k)
+  batch = learner.TrainBatch(**{k_: jnp.asarray(v) for k_, v in arrays.items()})
+  mesh = sharding.make_mesh({}, jax.devices()[:1])
+  # The learner holds other router weights than the sampler sampled with.
+  moved = jax.tree_util.tree_map_with_path(
+    lambda path, x: x * 1.5 if "router" in jax.tree_util.keystr(path) else x, params
+  )
+  mismatch = {}
+  for replay in (False, True):
+    lc = learner.LearnerConfig(learning_rate=1e-3, routing_replay=replay)
+    state = learner.init_state(cfg, lc, moved, mesh)
+    _, m = learner.make_update_fn(cfg, lc, mesh)(state, batch)
+    mismatch[replay] = float(m["routing_mismatch"])
+  assert mismatch[False] > 0.01 and mismatch[True] == 0.0

@@ -30,13 +30,14 @@ def route(logits_nte, k: int, norm_topk_prob: bool, routes_ntk=None):
   """Router softmax (f32) and top-k: (weights [..., k] f32, experts [..., k] int32).
 
   routes_ntk: given expert ids (routing replay); their probabilities are used as the
-  weights, so the router still gets gradients through them.
+  weights, so the router still gets gradients through them. A token whose given ids are
+  -1 keeps its own top-k.
   """
   probs = jax.nn.softmax(logits_nte.astype(jnp.float32), axis=-1)
-  if routes_ntk is None:
-    weights, experts = jax.lax.top_k(probs, k)
-  else:
-    experts = routes_ntk.astype(jnp.int32)
+  weights, experts = jax.lax.top_k(probs, k)
+  if routes_ntk is not None:  # a token without given routes (-1) keeps its own top-k
+    given = routes_ntk.astype(jnp.int32)
+    experts = jnp.where(jnp.all(given >= 0, axis=-1, keepdims=True), given, experts)
     weights = jnp.take_along_axis(probs, experts, axis=-1)
   if norm_topk_prob:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)

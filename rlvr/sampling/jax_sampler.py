@@ -128,12 +128,17 @@ def _generate(
 ):
   """Prefill each distinct prompt once ([U, p]), then give row r the cache and last logits
   of its prompt `row_prompt_r[r]`: the n samples of a prompt share one prefill (vLLM's
-  prefix cache does the same), and rows are independent, so values are unchanged."""
+  prefix cache does the same), and rows are independent, so values are unchanged.
+  A mixture of experts also returns the experts each input token went to: the prompts'
+  [S, R, p, k] and the completions' [R, max_new, S, k] (-1 where no token was fed)."""
   u, p = prompts_up.shape
+  moe = config.is_moe
   cache = decoder.KVCache.empty(config, u, p + max_new_bucket, jax.tree.leaves(params)[0].dtype)
-  logits, cache = decoder.forward(
-    params, prompts_up, config=config, segment_ids=prompt_seg_up, cache=cache
+  out = decoder.forward(
+    params, prompts_up, config=config, segment_ids=prompt_seg_up, cache=cache, return_routing=moe
   )
+  logits, cache = out[:2]
+  prompt_routes = jnp.take(out[2].experts, row_prompt_r, axis=1) if moe else None
   rows = lambda x, axis: jnp.take(x, row_prompt_r, axis=axis)
   cache = cache.replace(
     k=rows(cache.k, 1), v=rows(cache.v, 1), segment_bs=rows(cache.segment_bs, 0)
@@ -151,17 +156,23 @@ def _generate(
   out_lp = jnp.zeros((r, max_new_bucket), jnp.float32).at[:, 0].set(lp)
   done = jnp.isin(tok, settings.stop_ids) | ~settings.live
   lengths = jnp.ones((r,), jnp.int32)
+  s_k = (config.num_sparse_layers, config.num_experts_per_tok) if moe else (0, 0)
+  out_routes = jnp.full((r, max_new_bucket) + s_k, -1, jnp.int32)
 
   def cond(carry):
-    i, _, _, _, done, _, _, _ = carry
+    i, _, _, _, done, _, _, _, _ = carry
     return (i < settings.max_new) & ~jnp.all(done)
 
   def body(carry):
-    i, cache, out_tok, out_lp, done, lengths, last, seen = carry
+    i, cache, out_tok, out_lp, done, lengths, last, seen, out_routes = carry
     seg = jnp.where(done, 0, 1).astype(jnp.int32)[:, None]
-    logits, cache = decoder.forward(
-      params, last[:, None], config=config, segment_ids=seg, cache=cache
+    out = decoder.forward(
+      params, last[:, None], config=config, segment_ids=seg, cache=cache, return_routing=moe
     )
+    logits, cache = out[:2]
+    if moe:  # the experts of the token fed here: completion token i - 1
+      step_routes = jnp.where(done[:, None, None], -1, jnp.swapaxes(out[2].experts[:, :, 0], 0, 1))
+      out_routes = jax.lax.dynamic_update_slice_in_dim(out_routes, step_routes[:, None], i - 1, 1)
     tok, lp = _sample(logits[:, 0], settings, i, filtered, seen)
     if penalized:
       seen = mark_seen(seen, tok)
@@ -169,12 +180,12 @@ def _generate(
     out_lp = jax.lax.dynamic_update_slice_in_dim(out_lp, jnp.where(done, 0.0, lp)[:, None], i, 1)
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | jnp.isin(tok, settings.stop_ids)
-    return i + 1, cache, out_tok, out_lp, done, lengths, tok, seen
+    return i + 1, cache, out_tok, out_lp, done, lengths, tok, seen, out_routes
 
-  _, _, out_tok, out_lp, done, lengths, _, _ = jax.lax.while_loop(
-    cond, body, (jnp.int32(1), cache, out_tok, out_lp, done, lengths, tok, seen)
+  _, _, out_tok, out_lp, done, lengths, _, _, out_routes = jax.lax.while_loop(
+    cond, body, (jnp.int32(1), cache, out_tok, out_lp, done, lengths, tok, seen, out_routes)
   )
-  return out_tok, out_lp, lengths, done
+  return out_tok, out_lp, lengths, done, prompt_routes, out_routes
 
 
 class JaxSampler:
@@ -285,7 +296,7 @@ class JaxSampler:
     )
     with self._lock:
       weights, version = self._params, self.version
-      out_tok, out_lp, lengths, done = self._fn(
+      out_tok, out_lp, lengths, done, prompt_routes, out_routes = self._fn(
         weights,
         self._place(tokens),
         self._place(seg),
@@ -296,9 +307,17 @@ class JaxSampler:
         penalized=params.repetition_penalty != 1.0,
       )
     out_tok, out_lp, lengths, done = (sharding.to_host(x) for x in (out_tok, out_lp, lengths, done))
+    if self.config.is_moe:
+      prompt_routes, out_routes = sharding.to_host(prompt_routes), sharding.to_host(out_routes)
     result: list[list[Completion]] = [[] for _ in prompt_token_ids]
     for i in range(len(rows)):
       ids = tuple(int(t) for t in out_tok[i, : lengths[i]])
+      routes = None
+      if self.config.is_moe:  # prompt tokens (left-padded in the prefill), then completion
+        plen = len(rows[i])
+        routes = np.concatenate(
+          [np.swapaxes(prompt_routes[:, i, p_bucket - plen :], 0, 1), out_routes[i, : lengths[i]]]
+        ).astype(np.int32)
       text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else ""
       result[prompt_idx[i]].append(
         Completion(
@@ -307,6 +326,7 @@ class JaxSampler:
           text=text,
           finish_reason="stop" if done[i] else "length",
           weight_version=version,
+          routes=routes,
         )
       )
     return result

@@ -82,6 +82,9 @@ def _pack(flat: Sequence[Completion]) -> bytes:
         [[c.text, c.finish_reason, c.weight_version, c.logprobs is not None] for c in flat]
       )
     ),
+    # a mixture of experts' routes, [tokens, layers, k] per completion (0 tokens: none)
+    route_lengths=np.array([0 if c.routes is None else len(c.routes) for c in flat], np.int64),
+    routes=np.concatenate([c.routes for c in flat if c.routes is not None] or [np.zeros(0)]),
   )
   return buf.getvalue()
 
@@ -94,13 +97,18 @@ def _unpack(data: bytes) -> list[Completion]:
       z["logprobs"],
       json.loads(str(z["meta"])),
     )
-  out, t, lp = [], 0, 0
-  for length, (text, finish, version, has_logp) in zip(lengths, meta):
-    length = int(length)
+    route_lengths, routes = z["route_lengths"], z["routes"]
+  out, t, lp, rt = [], 0, 0, 0
+  for length, n_routes, (text, finish, version, has_logp) in zip(lengths, route_lengths, meta):
+    length, n_routes = int(length), int(n_routes)
     logprobs = tuple(float(x) for x in logps[lp : lp + length]) if has_logp else None
     lp += length if has_logp else 0
+    given = routes[rt : rt + n_routes].astype(np.int32) if n_routes else None
+    rt += n_routes
     out.append(
-      Completion(tuple(int(x) for x in tokens[t : t + length]), logprobs, text, finish, version)
+      Completion(
+        tuple(int(x) for x in tokens[t : t + length]), logprobs, text, finish, version, given
+      )
     )
     t += length
   return out

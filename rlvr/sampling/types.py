@@ -60,6 +60,9 @@ class Completion:
   text: str
   finish_reason: str
   weight_version: int | None = None
+  # mixture of experts: int32 [prompt + completion tokens, sparse layers, k], the experts
+  # each input token was routed to (-1 where none: a completion's last token is never fed)
+  routes: Any = dataclasses.field(default=None, compare=False)
 
 
 class Sampler(Protocol):
