@@ -21,6 +21,13 @@ from rlvr.loop import Buffer, Group, Prompt
 from rlvr.sampling.types import Completion
 
 
+def _plain(x):
+  """numpy scalars in a method's metrics (np.int64, np.float32) as Python numbers."""
+  if isinstance(x, np.generic):
+    return x.item()
+  raise TypeError(f"not JSON-able: {type(x).__name__}")
+
+
 def path(directory: str, step: int) -> str:
   return os.path.join(directory, f"step_{step}.npz")
 
@@ -50,7 +57,7 @@ def save(directory: str, buf: Buffer) -> str:
     "lengths": np.array([len(c.token_ids) for c in comps], np.int64),
     "token_ids": np.array([t for c in comps for t in c.token_ids], np.int64),
     "logprobs": np.array([x for c in comps for x in c.logprobs] if with_logp else [], np.float64),
-    "meta": np.array(json.dumps(meta)),
+    "meta": np.array(json.dumps(meta, default=_plain)),
     # a mixture of experts' sampler routes: [prompt + completion tokens, layers, k] each
     "routes": np.concatenate([c.routes for c in comps]) if with_routes else np.zeros(0),
   }
