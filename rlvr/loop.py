@@ -380,7 +380,8 @@ class Buffer:
   """The data of one step's update, with the metrics of building it (`build_buffer`).
 
   version: the sampler's weight version when the build began; started / ended:
-  `time.perf_counter()` stamps of the build.
+  `time.perf_counter()` stamps of the build; generated_tokens: tokens its generate calls
+  produced (a resumed method may reuse stored work, so this is a timing, not a metric).
   """
 
   step: int
@@ -389,6 +390,7 @@ class Buffer:
   version: int
   started: float = 0.0
   ended: float = 0.0
+  generated_tokens: int = 0
 
 
 def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
@@ -405,12 +407,11 @@ def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
       **{k: v / max(env.shaped, 1) for k, v in env.shaping_sums.items()},
       "time_sample": env.time_sample,
       "time_score": env.time_score,
-      "generated_tokens": env.generated_tokens,
     }
   )
   t1 = time.perf_counter()
   m["time_buffer"] = t1 - t0
-  return Buffer(step, list(groups), m, version, t0, t1)
+  return Buffer(step, list(groups), m, version, t0, t1, env.generated_tokens)
 
 
 def staleness_metrics(buf: Buffer) -> dict[str, float]:
@@ -554,7 +555,7 @@ def rl_step(
       "time_sampler_idle": step_s - sum(b.metrics["time_sample"] for b in built),
       "overlap_frac": sum(_overlap((b.started, b.ended), (t_update0, t_update)) for b in built)
       / step_s,
-      "tokens_per_s": sum(b.metrics["generated_tokens"] for b in built) / step_s,
+      "tokens_per_s": sum(b.generated_tokens for b in built) / step_s,
     }
   )
   return state, m
