@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import jax
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 from rules import even_length
 from test_loop import PROMPTS, RL, _env
+from test_vllm_sampler import tiny_rlvr_on_server
 from transformers import AutoTokenizer
 
 from rlvr import buffer_file, loop, model
@@ -138,20 +138,8 @@ def test_staleness_above_one_and_sampler_old_logprobs_are_refused():
 
 def _command(workdir, vllm_server, served_model_dir, steps):
   return [
-    sys.executable,
-    "-m",
-    "launch.train",
-    "--config=configs/tiny_rlvr.py",
-    f"--workdir={workdir}",
-    f"--config.model.path={served_model_dir}",
-    "--config.sampler.kind=vllm",
-    f"--config.sampler.urls={vllm_server.url}",
-    f"--config.sampler.model={vllm_server.options.served_model_name}",
-    "--config.sampler.sync_dtype=float32",
+    *tiny_rlvr_on_server(workdir, vllm_server, served_model_dir),
     "--config.sampler.weight_sync=transfer",
-    "--config.sft.steps=20",
-    "--config.sft.learner.total_steps=20",
-    "--config.sft.batch_size=8",
     "--config.data.arithmetic.n_sft=64",
     "--config.data.arithmetic.n_train=64",
     "--config.data.arithmetic.n_heldout=8",
@@ -169,22 +157,21 @@ def _command(workdir, vllm_server, served_model_dir, steps):
 _ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
 
+def _train(workdir, *args):
+  """The off-policy run to its end: (its output, its metrics rows)."""
+  out = subprocess.run(
+    _command(workdir, *args), cwd=REPO, env=_ENV, capture_output=True, text=True, timeout=900
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout + out.stderr, [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+
+
 @pytest.mark.slow
 def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
   vllm_server, served_model_dir, tmp_path
 ):
   steps = 6
-  full_dir = tmp_path / "full"
-  out = subprocess.run(
-    _command(full_dir, vllm_server, served_model_dir, steps),
-    cwd=REPO,
-    env=_ENV,
-    capture_output=True,
-    text=True,
-    timeout=900,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  full = [json.loads(line) for line in open(full_dir / "metrics.jsonl")]
+  _, full = _train(tmp_path / "full", vllm_server, served_model_dir, steps)
   assert [r["staleness_mean"] for r in full] == [0.0] + [1.0] * (steps - 1)
   assert all(r["overlap_frac"] > 0 for r in full[:-1])  # sampled in a thread during updates
   # The same command, killed by SIGKILL once the step-2 checkpoint (with step 2's buffer,
@@ -205,17 +192,8 @@ def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == -signal.SIGKILL, err[-3000:]
   assert os.path.exists(cut / "checkpoints_ahead" / "step_2.npz")
-  out = subprocess.run(
-    _command(cut, vllm_server, served_model_dir, steps),
-    cwd=REPO,
-    env=_ENV,
-    capture_output=True,
-    text=True,
-    timeout=900,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert "resumed rlvr from step 2" in out.stdout + out.stderr
-  resumed = [json.loads(line) for line in open(rows)]
+  log, resumed = _train(cut, vllm_server, served_model_dir, steps)
+  assert "resumed rlvr from step 2" in log
   assert [r["step"] for r in resumed] == list(range(steps))
   for a, b in zip(full, resumed):
     for k in a:

@@ -309,6 +309,26 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
     sampler.close()
 
 
+def tiny_rlvr_on_server(workdir, server, model_dir) -> list[str]:
+  """`launch.train` of configs/tiny_rlvr.py on `server`'s model, sampled from it, with a
+  short SFT (tests add their own flags after these)."""
+  return [
+    sys.executable,
+    "-m",
+    "launch.train",
+    "--config=configs/tiny_rlvr.py",
+    f"--workdir={workdir}",
+    f"--config.model.path={model_dir}",
+    "--config.sampler.kind=vllm",
+    f"--config.sampler.urls={server.url}",
+    f"--config.sampler.model={server.options.served_model_name}",
+    "--config.sampler.sync_dtype=float32",
+    "--config.sft.steps=20",
+    "--config.sft.learner.total_steps=20",
+    "--config.sft.batch_size=8",
+  ]
+
+
 @pytest.mark.slow
 def test_launch_train_samples_from_the_server_and_syncs_it_every_step(
   client, vllm_server, served_model_dir, tmp_path, check_samples
@@ -320,20 +340,8 @@ def test_launch_train_samples_from_the_server_and_syncs_it_every_step(
   sampler, cfg, served_params = client
   workdir = tmp_path / "run"
   cmd = [
-    sys.executable,
-    "-m",
-    "launch.train",
-    "--config=configs/tiny_rlvr.py",
-    f"--workdir={workdir}",
-    f"--config.model.path={served_model_dir}",
-    "--config.sampler.kind=vllm",
-    f"--config.sampler.urls={vllm_server.url}",
-    f"--config.sampler.model={vllm_server.options.served_model_name}",
-    "--config.sampler.sync_dtype=float32",
+    *tiny_rlvr_on_server(workdir, vllm_server, served_model_dir),
     "--config.sampler.retries=1",
-    "--config.sft.steps=20",
-    "--config.sft.learner.total_steps=20",
-    "--config.sft.batch_size=8",
     "--config.data.arithmetic.n_sft=64",
     "--config.data.arithmetic.n_train=32",
     "--config.data.arithmetic.n_heldout=8",
