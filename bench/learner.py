@@ -3,6 +3,8 @@ r"""Learner update-step throughput: ours (JAX) vs transformers' PyTorch model, s
   python bench/learner.py                      # 27M Qwen2, batch 8 x 512, f32, CPU
   python bench/learner.py --model=1.5b --seq=4096 --batch=4 --dtype=bfloat16 --skip_torch
   python bench/learner.py --seqs=256,512,1024,2048 --tokens=4096   # T-scaling table
+  python bench/learner.py --model=moe          # 27M Qwen3-MoE (16 experts, 4 per token)
+  python bench/learner.py --onednn             # XLA's oneDNN CPU dot path (off by default)
 
 Both sides run forward + backward + AdamW on the same token-mean clipped
 surrogate over the last 3/4 of each row. Prints tokens/s of each, their ratio,
@@ -22,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_configs import CONFIGS, model_flops_per_token  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("model", "27m", ["27m", "1.5b"], "Config to benchmark.")
+flags.DEFINE_enum("model", "27m", ["27m", "moe", "1.5b"], "Config to benchmark.")
 flags.DEFINE_integer("batch", 8, "Rows per update.")
 flags.DEFINE_integer("seq", 512, "Tokens per row.")
 flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up step).")
@@ -42,6 +44,13 @@ flags.DEFINE_list(
   "(e.g. 256,512,1024,2048) and print a table; overrides --batch / --seq.",
 )
 flags.DEFINE_integer("tokens", 4096, "Tokens per step for --seqs.")
+flags.DEFINE_bool(
+  "onednn",
+  False,
+  "Compile our step with XLA's oneDNN CPU path for dots (ONEDNN_XLA_FLAGS; XLA leaves it "
+  "off by default).",
+)
+ONEDNN_XLA_FLAGS = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot"
 
 
 def matmul_peak(dtype) -> float:
@@ -114,11 +123,13 @@ def bench_ours(cfg, tokens, mask, adv):
 
 def bench_torch(cfg, tokens, mask, adv):
   import torch
-  from transformers import Qwen2Config, Qwen2ForCausalLM
+  import transformers
 
   torch.set_num_threads(os.cpu_count() or 1)
-  tc = Qwen2Config(**{k: v for k, v in cfg.to_hf().items() if k not in ("architectures",)})
-  tm = Qwen2ForCausalLM(tc).train()
+  hf = cfg.to_hf()
+  arch = hf.pop("architectures")[0]  # Qwen2ForCausalLM / Qwen3MoeForCausalLM / ...
+  config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+  tm = getattr(transformers, arch)(config_cls(**hf)).train()
   if FLAGS.dtype == "bfloat16":
     tm = tm.to(torch.bfloat16)
   opt = torch.optim.AdamW(tm.parameters(), lr=1e-6, weight_decay=0.01)
@@ -172,6 +183,10 @@ def _compare(cfg, batch, seq, peak):
 
 def main(argv):
   del argv
+  if FLAGS.onednn:  # before jax starts its CPU client
+    os.environ["XLA_FLAGS"] = " ".join(
+      filter(None, [os.environ.get("XLA_FLAGS", ""), ONEDNN_XLA_FLAGS])
+    )
   import jax
   import jax.numpy as jnp
 
@@ -188,7 +203,7 @@ def main(argv):
   print(
     f"model {FLAGS.model}: {n_params / 1e6:.1f}M params; {FLAGS.dtype}; layers "
     f"{'scanned' if FLAGS.scan_layers else 'unrolled'}; backend {jax.default_backend()} "
-    f"({jax.device_count()} devices)"
+    f"({jax.device_count()} devices){'; XLA oneDNN dots' if FLAGS.onednn else ''}"
   )
   peak_before = matmul_peak(dt)
   rows = [(seq, *_compare(cfg, batch, seq, peak_before)) for batch, seq in shapes]

@@ -1,7 +1,7 @@
 r"""Starts a vLLM server for a model directory with the flags the rlvr client needs.
 
   python -m launch.serve_vllm --model=workdir/tiny_model [--port=8000] [--device=gpu]
-      [--weight_transfer=rlvr_tcp|nccl]
+      [--weight_transfer=rlvr_tcp|nccl] [--routed_experts]
 
 Dev-mode routes (weight reloads) are on; the server binds 127.0.0.1 unless
 --host says otherwise (then set --api_key). Prints the URL once healthy and
@@ -45,6 +45,12 @@ flags.DEFINE_enum(
   "Enable vLLM's weight-transfer API with this backend (sampler.weight_sync=transfer): "
   "rlvr_tcp on CPU (the repo's plugin), nccl on GPU. Disk syncs keep working.",
 )
+flags.DEFINE_bool(
+  "routed_experts",
+  False,
+  "Mixture of experts on a GPU server: return the experts each token was routed to, "
+  "for routing replay (rl.learner.routing_replay).",
+)
 
 
 def max_model_len(model_dir: str) -> int:
@@ -76,6 +82,7 @@ def main(argv):
     gpu_memory_utilization=FLAGS.gpu_memory_utilization,
     api_key=FLAGS.api_key,
     weight_transfer=FLAGS.weight_transfer,
+    routed_experts=FLAGS.routed_experts,
   )
   server = start_server(FLAGS.model, options, python=FLAGS.python)
   stop = threading.Event()

@@ -333,9 +333,9 @@ def sequence_logprobs_routing(
   routes = None
   if moe and cfg.routing_replay and batch.routes_bt is not None:
     routes = jnp.moveaxis(batch.routes_bt, 2, 0)  # [S, B, T, k]
-  p = jax.tree.map(lambda x: x.astype(_DTYPES[cfg.compute_dtype]), params)
+  dtype = _DTYPES[cfg.compute_dtype]
   out = decoder.forward(
-    p,
+    params,
     batch.tokens_bt,
     config=model_cfg,
     segment_ids=batch.segment_bt,
@@ -348,9 +348,11 @@ def sequence_logprobs_routing(
     mesh=mesh,
     return_routing=moe,
     routes=routes,
+    dtype=dtype,
   )
   hidden, routing = out if moe else (out, None)
-  head = p["embedding"].T if model_cfg.tie_word_embeddings else p["lm_head"]
+  head = params["embedding"].T if model_cfg.tie_word_embeddings else params["lm_head"]
+  head = head.astype(dtype)
   logp, entropy = grpo.token_logprobs_and_entropy(
     hidden, head, batch.tokens_bt, cfg.logits_chunk, lowp.logits_matmul
   )

@@ -360,33 +360,38 @@ def test_router_metrics_and_losses_equal_their_definitions(one_device):
 
 
 @pytest.mark.slow
-def test_vllm_cpu_serves_the_moe_policy_and_refuses_its_weight_updates(moe_dirs, tmp_path):
+def test_vllm_cpu_serves_the_moe_policy_and_takes_its_weight_updates(moe_dirs, tmp_path):
   """The real vLLM CPU server samples the exported MoE policy (dense layers among sparse
-  ones) with log-probs equal to `model.forward`'s; its CPU MoE backend cannot take a
-  weight update (see `VLLMSampler._refuse_cpu_moe_updates`), so the client refuses one in a
-  line naming the server, and the server keeps its policy."""
+  ones) with log-probs equal to `model.forward`'s, and after each weight update, from disk
+  and by transfer, with the new policy's: its CPU experts pad and prepack their weights at
+  load, and the repo's vLLM plugin repacks them on every in-place update
+  (plugins/rlvr_vllm_transfer/rlvr_vllm_transfer/cpu_moe.py)."""
   from test_vllm_sampler import PROMPTS, _max_diff
 
   from rlvr.sampling import SamplingParams
-  from rlvr.sampling.vllm_sampler import SamplerError, VLLMSampler
+  from rlvr.sampling.vllm_sampler import VLLMSampler
   from rlvr.sampling.vllm_server import ServerOptions, start_server
 
   cfg, params = model.load_hf(moe_dirs["mixed"])
   server = start_server(
-    moe_dirs["mixed"], ServerOptions(max_model_len=256), log_path=str(tmp_path / "vllm.log")
+    moe_dirs["mixed"],
+    ServerOptions(max_model_len=256, weight_transfer="rlvr_tcp"),
+    log_path=str(tmp_path / "vllm.log"),
   )
-  sampler = VLLMSampler(
-    server.url, model_config=cfg, eos_token_id=cfg.eos_token_id, sync_dir=str(tmp_path)
-  )
+  kw = dict(model_config=cfg, eos_token_id=cfg.eos_token_id, sync_dir=str(tmp_path))
+  samplers = [VLLMSampler(server.url, weight_sync=sync, **kw) for sync in ("disk", "transfer")]
   try:
     sp = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=1, ignore_eos=True)
-    outs = sampler.generate(PROMPTS, sp)
-    assert _max_diff(outs, PROMPTS, params, cfg) <= 1e-4
-    with pytest.raises(SamplerError, match=f"vLLM server {server.url}: a CPU server cannot"):
-      sampler.update_weights(jax.tree.map(lambda p: p * 1.1, params), version=1)
-    assert _max_diff(sampler.generate(PROMPTS, sp), PROMPTS, params, cfg) <= 1e-4
+    assert _max_diff(samplers[0].generate(PROMPTS, sp), PROMPTS, params, cfg) <= 1e-4
+    for version, (sampler, scale) in enumerate(zip(samplers, (1.1, 0.9)), 1):
+      new = jax.tree.map(lambda p, s=scale: p * s, params)
+      sampler.update_weights(new, version=version)
+      outs = sampler.generate(PROMPTS, sp)
+      assert _max_diff(outs, PROMPTS, new, cfg) <= 1e-4, sampler.weight_sync
+      assert _max_diff(outs, PROMPTS, params, cfg) > 1e-2  # not the old policy
   finally:
-    sampler.close()
+    for sampler in samplers:
+      sampler.close()
     server.stop()
 
 

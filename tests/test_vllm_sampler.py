@@ -157,6 +157,46 @@ def test_parse_reports_malformed_responses():
       parse_completion_response(aborted, n, True, set(), None)
 
 
+def test_parse_reads_routed_experts_in_the_samplers_layout():
+  """A choice's `routed_experts` (vLLM's capture, as a GPU server started with
+  --enable-return-routed-experts sends it: base64 .npy [prompt + completion - 1, all layers,
+  k], dense layers zero) becomes Completion.routes: int32 [prompt + completion, sparse
+  layers, k], -1 on the last token, as the JAX sampler lays them out."""
+  import base64
+  import io
+
+  from rlvr.sampling.vllm_server import ServerOptions
+
+  def encode(a):
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return base64.b64encode(buf.getvalue()).decode()
+
+  rng = np.random.default_rng(0)
+  fed = rng.integers(0, 6, (4, 4, 3)).astype(np.uint8)  # 3 prompt + 2 completion tokens - 1
+  fed[:, 2] = 0  # layer 2 dense
+  choice = {"index": 0, "token_ids": [7, 8], "text": "", "finish_reason": "length"}
+  body = {"choices": [dict(choice, routed_experts=encode(fed))]}
+  (c,) = parse_completion_response(body, 1, False, set(), None, (3, [0, 1, 3], 3))
+  assert c.routes.dtype == np.int32 and c.routes.shape == (5, 3, 3)
+  np.testing.assert_array_equal(c.routes[:4], fed[:, [0, 1, 3]])
+  assert (c.routes[4] == -1).all()
+  # Without capture (or for a dense policy) there are no routes; a bad array is named.
+  (c,) = parse_completion_response({"choices": [choice]}, 1, False, set(), None, (3, [0], 3))
+  assert c.routes is None
+  for bad, msg in ((encode(fed[:3]), r"uint8\[3, 4, 3\] for 5 tokens"), ("%%", "not a base64")):
+    with pytest.raises(MalformedResponseError, match=r"choices\[0\]\.routed_experts: " + msg):
+      parse_completion_response(
+        {"choices": [dict(choice, routed_experts=bad)]}, 1, False, set(), None, (3, [0, 1, 3], 3)
+      )
+  # The server flag: GPU only (vLLM 0.32 captures routes in its Triton model runner).
+  gpu = ServerOptions(device="gpu", routed_experts=True)
+  assert "--enable-return-routed-experts" in gpu.command("m", 8000, "python")
+  assert gpu.env()["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+  with pytest.raises(ValueError, match="routed_experts: needs a GPU server"):
+    ServerOptions(device="cpu", routed_experts=True)
+
+
 def _abort_in_flight(sampler, server, sp, tries=8):
   """A future of `sampler.generate` whose request the server aborted (its `/abort_requests`
   route, as a shutdown does). On the CPU build the server's HTTP side barely answers while

@@ -326,6 +326,7 @@ class Decoder(nn.Module):
   remat_policy: str = "nothing"
   scan_layers: bool = True
   mesh: Any = None  # experts per device (expert-parallel over an "expert" axis > 1)
+  dtype: Any = None  # activations (default: the parameters'); each layer casts its own weights
 
   @nn.compact
   def __call__(
@@ -340,6 +341,8 @@ class Decoder(nn.Module):
     c, pd = self.config, self.param_dtype
     embed = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"), pd)
     x = jnp.take(embed, tokens_bt, axis=0)
+    if self.dtype is not None:
+      x = x.astype(self.dtype)
 
     block = Block
     if self.remat:
@@ -436,6 +439,7 @@ def forward(
   routes: jax.Array | None = None,
   return_routing: bool = False,
   mesh: jax.sharding.Mesh | None = None,
+  dtype=None,
 ):
   """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
 
@@ -457,6 +461,9 @@ def forward(
   mesh: the mesh the call runs on: the experts then run per device on its own tokens,
   expert-parallel over an "expert" axis larger than 1 (`rlvr.model.moe.expert_ffn`);
   without it the token-slots are sorted as one global array. Dense models ignore it.
+  dtype: the activations' dtype when it is not the parameters' (f32 master weights, bf16
+  compute): every layer casts its own slice of the weights inside the layer scan, so no
+  low-precision copy of the whole model (nor its gradient) is ever live at once.
   """
   if segment_ids is None:
     segment_ids = jnp.ones(tokens_bt.shape, jnp.int32)
@@ -474,6 +481,7 @@ def forward(
     remat_policy=remat_policy,
     scan_layers=scan_layers,
     mesh=mesh,
+    dtype=dtype,
   ).apply({"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden, routes)
   head = (out,) if cache is None else (out, new_cache)
   if return_routing:

@@ -211,6 +211,17 @@ def expert_ffn(
 
 
 # ------------------------------------------------------------ routing statistics
+def _slot_counts(experts_sntk, m_nt, num_experts: int):
+  """[S, k, E]: the weight m of the tokens whose rank-k choice in sparse layer s is expert
+  e, summed (a scatter-add: no [S, B, T, k, E] one-hot, 4 GB at 30B-A3B's 20K-token rows)."""
+  s, _, _, k = experts_sntk.shape
+  w = jnp.where(experts_sntk >= 0, m_nt[None, :, :, None], 0.0)  # -1: no expert (one_hot's 0)
+  layer = jnp.arange(s)[:, None, None, None]
+  rank = jnp.arange(k)[None, None, None, :]
+  e = jnp.maximum(experts_sntk, 0)
+  return jnp.zeros((s, k, num_experts), jnp.float32).at[layer, rank, e].add(w)
+
+
 def routing_sums(logits_snte, experts_sntk, mask_nt, num_experts: int) -> dict:
   """Per-step routing health of the tokens where mask_nt: sums a micro-batch adds up.
 
@@ -219,8 +230,7 @@ def routing_sums(logits_snte, experts_sntk, mask_nt, num_experts: int) -> dict:
   averaged over the S layers.
   """
   m = mask_nt.astype(jnp.float32)
-  onehot = jax.nn.one_hot(experts_sntk, num_experts, dtype=jnp.float32)  # [S,B,T,k,E]
-  counts = jnp.einsum("sbtke,bt->se", onehot, m)
+  counts = jnp.sum(_slot_counts(experts_sntk, m, num_experts), axis=1)
   logp = jax.nn.log_softmax(logits_snte.astype(jnp.float32), axis=-1)
   ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [S,B,T]
   return {"expert_tokens": counts, "router_entropy": jnp.sum(ent * m) / logits_snte.shape[0]}
@@ -234,8 +244,7 @@ def load_balance_loss(logits_snte, experts_sntk, mask_nt, num_experts: int):
   s, _, _, k = experts_sntk.shape
   m = mask_nt.astype(jnp.float32)
   n = jnp.maximum(jnp.sum(m) * s, 1.0)
-  onehot = jax.nn.one_hot(experts_sntk, num_experts, dtype=jnp.float32)  # [S,B,T,k,E]
-  f_ke = jnp.einsum("sbtke,bt->ke", onehot, m) / n
+  f_ke = jnp.sum(_slot_counts(experts_sntk, m, num_experts), axis=0) / n
   probs = jax.nn.softmax(logits_snte.astype(jnp.float32), axis=-1)
   p_e = jnp.einsum("sbte,bt->e", probs, m) / n
   return num_experts * jnp.sum(f_ke * p_e[None, :])

@@ -25,13 +25,17 @@ mixes weight versions.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import concurrent.futures
+import io
 import os
 import shutil
 import threading
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 import requests
 
 from rlvr.model import hf_io
@@ -61,11 +65,44 @@ class RequestAbortedError(SamplerError, http.Aborted):
   raised inside a try, it makes the HTTP core try again."""
 
 
+def parse_routes(encoded: Any, where: str, n_tokens: int, sparse_layers: Sequence[int], k: int):
+  """A choice's `routed_experts` (vLLM's routed-expert capture: base64 of a .npy array
+  [prompt + completion - 1, all layers, k], the experts of every fed token, dense layers as
+  zeros) in `Completion.routes`' layout: int32 [n_tokens, sparse layers, k], -1 on the
+  completion's last token (never fed). Raises MalformedResponseError naming the choice."""
+  try:
+    routes = np.load(io.BytesIO(base64.b64decode(encoded, validate=True)), allow_pickle=False)
+  except (binascii.Error, ValueError, TypeError, OSError) as e:
+    raise MalformedResponseError(f"{where}.routed_experts: not a base64 .npy array ({e})") from None
+  want = (n_tokens - 1, max(sparse_layers) + 1, k)
+  if (
+    routes.ndim != 3
+    or routes.shape[0] != want[0]
+    or routes.shape[1] < want[1]
+    or routes.shape[2] != k
+    or routes.dtype.kind not in "iu"
+  ):
+    raise MalformedResponseError(
+      f"{where}.routed_experts: {routes.dtype}{list(routes.shape)} for {n_tokens} tokens, "
+      f"expected [{want[0]}, >= {want[1]} layers, {k}] integers"
+    )
+  out = np.full((n_tokens, len(sparse_layers), k), -1, np.int32)
+  out[:-1] = routes[:, list(sparse_layers)]
+  return out
+
+
 def parse_completion_response(
-  body: Any, n: int, want_logprobs: bool, stop_ids: set[int], version: int | None
+  body: Any,
+  n: int,
+  want_logprobs: bool,
+  stop_ids: set[int],
+  version: int | None,
+  routing: tuple[int, Sequence[int], int] | None = None,
 ) -> list[Completion]:
   """Turns a `/v1/completions` JSON body into `n` Completions, or raises
-  MalformedResponseError naming what is missing or wrong."""
+  MalformedResponseError naming what is missing or wrong. routing: (prompt tokens, the
+  sparse layers, experts per token) of a mixture-of-experts policy; a choice that carries
+  `routed_experts` (a server started with routed-expert capture) then gets its routes."""
   if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
     raise MalformedResponseError(f"response has no 'choices' list: {str(body)[:200]}")
   choices = sorted(body["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
@@ -99,6 +136,12 @@ def parse_completion_response(
     reason = c.get("finish_reason")
     if reason not in ("stop", "length"):
       raise MalformedResponseError(f"choices[{j}].finish_reason: unexpected {reason!r}")
+    routes = None
+    if routing is not None and c.get("routed_experts") is not None:
+      prompt_len, sparse_layers, k = routing
+      routes = parse_routes(
+        c["routed_experts"], f"choices[{j}]", prompt_len + len(ids), sparse_layers, k
+      )
     out.append(
       Completion(
         token_ids=tuple(ids),
@@ -106,6 +149,7 @@ def parse_completion_response(
         text=c.get("text") or "",
         finish_reason=reason,
         weight_version=version,
+        routes=routes,
       )
     )
   return out
@@ -162,7 +206,11 @@ class VLLMSampler:
     self.sync_dtype = sync_dtype
     self.keep_versions = keep_versions
     self.version: int | None = None
-    self._updatable: set[str] = set()  # servers checked to take MoE weight updates
+    # Mixture of experts: (sparse layers, experts per token), to read routed experts
+    self._routing = None
+    if model_config.is_moe:
+      sparse = [i for i in range(model_config.num_layers) if model_config.sparse(i)]
+      self._routing = (sparse, model_config.num_experts_per_tok)
     self._served: Any = None  # the params of `version` (transfer: to push again after a restart)
     self._http = http.Client(
       api_key=api_key, timeout_s=request_timeout_s, retries=retries, backoff_s=backoff_s
@@ -255,9 +303,13 @@ class VLLMSampler:
     if sp.logprobs:
       payload["logprobs"] = 0
 
+    routing = None if self._routing is None else (len(prompt), *self._routing)
+
     def parse(body):
       try:
-        return parse_completion_response(body, sp.n, sp.logprobs, set(sp.stop_token_ids), version)
+        return parse_completion_response(
+          body, sp.n, sp.logprobs, set(sp.stop_token_ids), version, routing
+        )
       except MalformedResponseError as e:
         raise MalformedResponseError(f"vLLM server {url}: prompt {i}: {e}") from None
 
@@ -282,32 +334,8 @@ class VLLMSampler:
   # ------------------------------------------------------------- weight sync
   def update_weights(self, params: Any, version: int) -> None:
     """Makes every server serve `params` as `version` (by `weight_sync`)."""
-    if self.model_config.is_moe:
-      self._refuse_cpu_moe_updates()
     sync = {"disk": self._sync_disk, "transfer": self._sync_transfer}[self.weight_sync]
     sync(params, version)
-
-  def _refuse_cpu_moe_updates(self) -> None:
-    """vLLM 0.32's CPU mixture-of-experts backend prepacks the expert weights into its
-    grouped-gemm layout when it loads them; a later update (disk reload or transfer)
-    writes checkpoint-layout tensors into that packed storage, and the server then samples
-    from neither policy while reporting the new version. A CPU server (its /server_info)
-    therefore gets no MoE weight update: this stops with an error naming it."""
-    for url in self.urls:
-      if url in self._updatable:
-        continue
-      try:
-        info = self._http.get(url + "/server_info", timeout=60).json()
-      except (requests.RequestException, ValueError):
-        info = {}
-      if "device_config=cpu" in str(info.get("vllm_config", "")):
-        raise SamplerError(
-          f"vLLM server {url}: a CPU server cannot take weight updates of a mixture-of-"
-          "experts policy (vLLM 0.32's CPU MoE backend prepacks expert weights at load, and "
-          "an update writes unpacked tensors into them); sample a fixed MoE checkpoint on "
-          "CPU, or train an MoE policy against GPU servers"
-        )
-      self._updatable.add(url)
 
   def _check_served(self) -> None:
     """A server restarted since the last push serves its start-up checkpoint (it reports

@@ -59,7 +59,17 @@ class ServerOptions:
   api_key: str | None = None
   dev_mode: bool = True  # /collective_rpc etc. for weight reloads
   weight_transfer: str | None = None  # a weight-transfer backend ("rlvr_tcp", "nccl")
+  # Mixture of experts: return the experts each token was routed to (routing replay). vLLM
+  # 0.32 captures them in its V2 model runner only, which needs Triton: GPU servers.
+  routed_experts: bool = False
   extra_args: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if self.routed_experts and self.device == "cpu":
+      raise ValueError(
+        "routed_experts: needs a GPU server (vLLM 0.32 captures routed experts in its V2 "
+        "model runner, which needs Triton; the CPU build has none)"
+      )
 
   def command(self, model_dir: str, port: int, python: str) -> list[str]:
     cmd = [
@@ -92,6 +102,8 @@ class ServerOptions:
       cmd += ["--api-key", self.api_key]
     if self.weight_transfer:
       cmd += ["--weight-transfer-config", json.dumps({"backend": self.weight_transfer})]
+    if self.routed_experts:
+      cmd.append("--enable-return-routed-experts")  # needs prefix caching (vLLM's default)
     return cmd + list(self.extra_args)
 
   def env(self) -> dict[str, str]:
@@ -100,6 +112,8 @@ class ServerOptions:
       env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gb)
     if self.dev_mode:
       env["VLLM_SERVER_DEV_MODE"] = "1"
+    if self.routed_experts:
+      env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     return env
 
 

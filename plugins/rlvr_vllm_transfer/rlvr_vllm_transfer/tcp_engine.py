@@ -24,6 +24,7 @@ import struct
 from typing import Any
 
 import torch
+from rlvr_vllm_transfer import cpu_moe
 from vllm.distributed.weight_transfer.base import (
   WeightTransferEngine,
   WeightTransferInitInfo,
@@ -87,6 +88,7 @@ class TcpWeightTransferEngine(WeightTransferEngine[TcpInitInfo, TcpUpdateInfo]):
 
   def __init__(self, config, vllm_config, device, model) -> None:
     super().__init__(config, vllm_config, device, model)
+    cpu_moe.install()  # done by register() already; idempotent
     self._sock: socket.socket | None = None
     self._reset_staging()
 
