@@ -24,12 +24,13 @@ import struct
 from typing import Any
 
 import torch
-from rlvr_vllm_transfer import cpu_moe
 from vllm.distributed.weight_transfer.base import (
   WeightTransferEngine,
   WeightTransferInitInfo,
   WeightTransferUpdateInfo,
 )
+
+from rlvr_vllm_transfer import cpu_moe
 
 HEADER = struct.Struct("<8sqqq")  # magic, version, bucket, payload bytes
 MAGIC, END = b"RLVRWT01", b"RLVRWEND"
