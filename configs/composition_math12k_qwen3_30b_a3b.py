@@ -24,5 +24,6 @@ def curriculum(c):
 
 
 def get_config():
-  c = base.paper("composition_math12k_qwen3_30b_a3b", steps=600, fsdp=8)
+  # 16 devices (two 8 x H100 nodes), as configs/rlvr_math12k_qwen3_30b_a3b.py explains.
+  c = base.paper("composition_math12k_qwen3_30b_a3b", steps=600, fsdp=16)
   return curriculum(rlvr_math12k_qwen3_4b.composition_rl(c))
