@@ -15,25 +15,6 @@ CONFIGS = {
     rope_theta=10000.0,
     rms_norm_eps=1e-6,
   ),
-  # A 27M-parameter Qwen3-MoE (about 9M active: 16 experts, 4 per token; Qwen3-30B-A3B's
-  # 128 / 8 scaled down), the MoE learner benchmark's size.
-  "moe": dict(
-    family="qwen3_moe",
-    vocab_size=8192,
-    hidden_size=512,
-    intermediate_size=1408,
-    num_layers=8,
-    num_heads=8,
-    num_kv_heads=2,
-    head_dim=64,
-    tie_word_embeddings=True,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-    num_experts=16,
-    num_experts_per_tok=4,
-    moe_intermediate_size=384,
-    norm_topk_prob=True,
-  ),
   # Qwen2.5-1.5B shapes, for accelerator runs.
   "1.5b": dict(
     family="qwen2",
@@ -60,6 +41,18 @@ def model_flops_per_token(cfg, seq: int) -> float:
   moe_w = d * cfg.num_experts + 3 * d * cfg.moe_intermediate_size * cfg.num_experts_per_tok
   dense = l * attn_w + (l - sparse) * 3 * d * f + sparse * moe_w + d * cfg.vocab_size
   return 6 * dense + 12 * l * seq * cfg.num_heads * cfg.head_dim
+
+
+# An 85M-parameter Qwen3-MoE of the 27M model's shapes (about 28M active: 16 experts, 4 per
+# token; Qwen3-30B-A3B's 128 / 8 scaled down), the MoE learner benchmark's size.
+CONFIGS["moe"] = dict(
+  CONFIGS["27m"],
+  family="qwen3_moe",
+  num_experts=16,
+  num_experts_per_tok=4,
+  moe_intermediate_size=384,
+  norm_topk_prob=True,
+)
 
 
 # HF config.json fields (shapes only) of the models the paper configs train, for
