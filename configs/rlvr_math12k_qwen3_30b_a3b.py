@@ -3,7 +3,7 @@ parameters active) on MATH-12k, plain GRPO as Composition-RL ran its baseline.
 
 The settings of configs/rlvr_math12k_qwen3_4b.py (lr 1e-6, G 8, 256 prompts, dynamic
 sampling, 16K responses, avg@32 at temperature 0.6) on 16 devices (two 8 x H100 nodes),
-every weight split 16-way over fsdp: 58.9 GiB per device for the update as compiled. On
+every weight split 16-way over fsdp: 58.8 GiB per device for the update as compiled. On
 8 devices the f32 master weights, AdamW moments and gradients alone take 56.9 GiB per
 device and the update needs 94.4 GiB (docs/moe.md#memory). The composed runs on the same
 model: configs/composition_math12k_qwen3_30b_a3b.py.
