@@ -62,6 +62,9 @@ class LearnerConfig:
   # follows the batch, as packed batches vary in rows)
   remat: bool = False
   remat_policy: str = "nothing"  # with remat: "nothing" saved per layer, or "dots"
+  accumulate_in_backward: bool = False  # the layer scan's backward pass adds each layer's
+  # gradient into the micro-batch accumulator in place (`model.grad_accum`): one full
+  # gradient in memory instead of two; the same sums; every layer is recomputed (as remat)
   compute_dtype: str = "float32"  # params stay f32 (master); forward in this dtype
   mask_truncated: bool = False  # drop length-truncated completions from the loss
   normalize_all: bool = False  # loss normaliser counts masked truncated completions
@@ -135,6 +138,12 @@ class LearnerConfig:
     if self.seq_mask_cap is not None and not self.seq_mask_cap > 1:
       raise ValueError(f"seq_mask_cap: must be > 1, got {self.seq_mask_cap}")
     grpo.policy_loss_fn(self.policy_loss)  # a one-line error naming the known losses
+    if self.accumulate_in_backward and (self.lora.rank or not self.scan_layers):
+      raise ValueError(
+        "accumulate_in_backward: needs the stacked layer scan and full fine-tuning "
+        f"(scan_layers=True, lora.rank=0), got scan_layers={self.scan_layers}, "
+        f"lora.rank={self.lora.rank}"
+      )
     if not isinstance(self.lora, LoraConfig):
       raise ValueError(f"lora: expected a rlvr.lora.LoraConfig, got {type(self.lora).__name__}")
 
@@ -325,10 +334,11 @@ def sequence_logprobs(
 
 
 def sequence_logprobs_routing(
-  params, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None
+  params, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None, acc=None
 ):
   """(logp_bt, entropy_bt, routing): `sequence_logprobs` plus what the routers of a
-  mixture of experts did (`decoder.Routing`; None for a dense model)."""
+  mixture of experts did (`decoder.Routing`; None for a dense model). acc: a running
+  gradient sum the layers' backward pass adds into (`model.forward(accumulate=)`)."""
   moe = model_cfg.is_moe
   routes = None
   if moe and cfg.routing_replay and batch.routes_bt is not None:
@@ -349,6 +359,7 @@ def sequence_logprobs_routing(
     return_routing=moe,
     routes=routes,
     dtype=dtype,
+    accumulate=acc,
   )
   hidden, routing = out if moe else (out, None)
   head = params["embedding"].T if model_cfg.tie_word_embeddings else params["lm_head"]
@@ -382,11 +393,14 @@ def micro_loss(
   cfg: LearnerConfig,
   mesh=None,
   micro_share=1.0,
+  acc=None,
 ):
   """Loss of one micro-batch (already divided by the whole batch's normaliser) and sums.
-  micro_share: 1 / the number of micro-batches (weights the router losses)."""
+  micro_share: 1 / the number of micro-batches (weights the router losses); acc: the
+  running gradient sum (cfg.accumulate_in_backward): the gradient of the layer stacks
+  then comes back with it added."""
   mask = loss_mask(batch, cfg)
-  logp, entropy, routing = sequence_logprobs_routing(params, batch, model_cfg, cfg, mesh)
+  logp, entropy, routing = sequence_logprobs_routing(params, batch, model_cfg, cfg, mesh, acc)
   old = jax.lax.stop_gradient(logp) if batch.old_logp_bt is None else batch.old_logp_bt
   tokens = jnp.sum(mask).astype(jnp.float32)
   sums = {
@@ -505,13 +519,25 @@ def train_step(
   micro = _split_micro(batch, cfg.micro_count(batch.tokens_bt.shape[0]))
   share = 1.0 / micro.tokens_bt.shape[0]
 
+  # With accumulate_in_backward the stacks' gradients come back already summed into grads_acc.
+  in_backward = (
+    {g.name for g in decoder.layer_groups(model_cfg)} if cfg.accumulate_in_backward else set()
+  )
+
   def body(carry, mb):
     grads_acc, sums_acc, ext_acc = carry
+    acc = grads_acc if in_backward else None
     (loss, (sums, ext)), grads = grad_fn(
-      state.params, state.ref_params, mb, normalizer, model_cfg, cfg, mesh, share
+      state.params, state.ref_params, mb, normalizer, model_cfg, cfg, mesh, share, acc
     )
     sums = dict(sums, loss=loss)
-    grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+    if in_backward:
+      grads_acc = {
+        k: grads[k] if k in in_backward else jax.tree.map(jnp.add, grads_acc[k], grads[k])
+        for k in grads
+      }
+    else:
+      grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
     sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
     ext_acc = {
       "ratio_max": jnp.maximum(ext_acc["ratio_max"], ext["ratio_max"]),

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr import sharding
-from rlvr.model import attention, lowp, moe
+from rlvr.model import attention, grad_accum, lowp, moe
 from rlvr.model.config import ModelConfig, RopeScaling
 from rlvr.model.lowp import logits_matmul  # noqa: F401 (README: decoder.logits_matmul)
 
@@ -337,8 +337,11 @@ class Decoder(nn.Module):
     cache: KVCache | None = None,
     return_hidden: bool = False,
     routes: jax.Array | None = None,
+    accumulate: Params | None = None,
   ):
     c, pd = self.config, self.param_dtype
+    if accumulate is not None and cache is not None:
+      raise ValueError("accumulate: gradient accumulation has no use with a KV cache")
     embed = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"), pd)
     x = jnp.take(embed, tokens_bt, axis=0)
     if self.dtype is not None:
@@ -360,7 +363,23 @@ class Decoder(nn.Module):
       if group.sparse and routes is not None:
         given = routes[sparse_seen : sparse_seen + group.count]
       layers = jnp.arange(group.start, group.start + group.count)
-      if self.scan_layers or self.is_initializing():
+      if accumulate is not None and not self.is_initializing():
+        # Backward adds each layer's gradient into accumulate[group] in place (grad_accum).
+        one = Block(c, pd, self.attention, group.sparse, self.mesh, parent=None)
+
+        def layer(p, h, xi, consts, one=one):
+          (h, _), y = one.apply({"params": p}, (h, None), *consts, *xi)
+          return h, y
+
+        x, ys = grad_accum.scan(
+          layer,
+          self.variables["params"][group.name],
+          accumulate[group.name],
+          x,
+          (layers, given),
+          (positions_bt, segment_bt),
+        )
+      elif self.scan_layers or self.is_initializing():
         scanned = nn.scan(
           block,
           variable_axes={"params": 0},
@@ -440,6 +459,7 @@ def forward(
   return_routing: bool = False,
   mesh: jax.sharding.Mesh | None = None,
   dtype=None,
+  accumulate: Params | None = None,
 ):
   """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
 
@@ -464,6 +484,10 @@ def forward(
   dtype: the activations' dtype when it is not the parameters' (f32 master weights, bf16
   compute): every layer casts its own slice of the weights inside the layer scan, so no
   low-precision copy of the whole model (nor its gradient) is ever live at once.
+  accumulate: a running gradient sum shaped like `params`: the layer stacks then run in
+  `grad_accum.scan`, whose backward pass adds each layer's gradient into its slice of
+  `accumulate[stack]` in place and returns the sum as the stack's gradient (every layer is
+  recomputed in the backward pass, as with remat; `remat` / `remat_policy` are unused).
   """
   if segment_ids is None:
     segment_ids = jnp.ones(tokens_bt.shape, jnp.int32)
@@ -482,7 +506,16 @@ def forward(
     scan_layers=scan_layers,
     mesh=mesh,
     dtype=dtype,
-  ).apply({"params": params}, tokens_bt, positions, segment_ids, cache, return_hidden, routes)
+  ).apply(
+    {"params": params},
+    tokens_bt,
+    positions,
+    segment_ids,
+    cache,
+    return_hidden,
+    routes,
+    accumulate,
+  )
   head = (out,) if cache is None else (out, new_cache)
   if return_routing:
     head += (routing,)

@@ -102,18 +102,58 @@ def swiglu_tiles(xs_md, group_sizes, gate_edf, up_edf, down_efd, tile: int = 128
   return jnp.take(y, slot, axis=0)
 
 
+TOKEN_CHUNK = 8192  # tokens per pass of `local_expert_ffn`; more go in equal chunks
+
+
 def local_expert_ffn(
-  x_nd, experts_nk, weights_nk, gate_edf, up_edf, down_efd, first_expert=0, grouped=None
+  x_nd,
+  experts_nk,
+  weights_nk,
+  gate_edf,
+  up_edf,
+  down_efd,
+  first_expert=0,
+  grouped=None,
+  chunk=TOKEN_CHUNK,
 ):
   """sum_k weights[n, k] * FFN_{experts[n, k]}(x[n]) over the experts held here.
 
   gate/up: [E_here, D, F], down: [E_here, F, D] are experts first_expert .. + E_here; slots
   routed elsewhere contribute 0 (they sort last, past every group). grouped: "ragged" or
-  "tiles" (default `default_grouped()`).
+  "tiles" (default `default_grouped()`). More than `chunk` tokens run as a scan over equal
+  chunks, each rematerialised: the sorted copies of the token-slots (k rows per token) and
+  their gradients exist for one chunk at a time, at the cost of one more forward pass of
+  the experts in the backward pass. Tokens are independent: the same outputs.
   """
   grouped = grouped or default_grouped()
   if grouped not in GROUPED:
     raise ValueError(f"grouped: unknown {grouped!r}; expected one of {GROUPED}")
+  n = x_nd.shape[0]
+  if n > chunk:
+    count = -(-n // chunk)
+    size = -(-n // count)
+    pad = count * size - n
+
+    def split(a, fill=0):
+      a = jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1), constant_values=fill)
+      return a.reshape((count, size) + a.shape[1:])
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def one(_, part):
+      x, ex, w = part
+      return None, _expert_ffn_pass(x, ex, w, gate_edf, up_edf, down_efd, first_expert, grouped)
+
+    # Padding rows go to no expert (-1) and are cut off.
+    _, y = jax.lax.scan(one, None, (split(x_nd), split(experts_nk, -1), split(weights_nk)))
+    return y.reshape(count * size, -1)[:n]
+  return _expert_ffn_pass(
+    x_nd, experts_nk, weights_nk, gate_edf, up_edf, down_efd, first_expert, grouped
+  )
+
+
+def _expert_ffn_pass(
+  x_nd, experts_nk, weights_nk, gate_edf, up_edf, down_efd, first_expert, grouped
+):
   n, k = experts_nk.shape
   e_here = gate_edf.shape[0]
   local = experts_nk.reshape(-1) - first_expert
