@@ -103,6 +103,9 @@ def paper(
   c.rl.loop.pack = True
   c.rl.loop.pack_min_rows = fsdp
   c.rl.learner.remat = True
+  # Each layer's gradient is added into the micro-batch accumulator inside the backward
+  # pass: one full f32 gradient per device instead of two (rlvr/model/grad_accum.py).
+  c.rl.learner.accumulate_in_backward = True
   c.rl.learner.compute_dtype = "bfloat16"
   c.reward.integer_answers = integer_answers
   c.eval.sampling.n = 32

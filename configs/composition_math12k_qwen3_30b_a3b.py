@@ -24,6 +24,6 @@ def curriculum(c):
 
 
 def get_config():
-  # 16 devices (two 8 x H100 nodes), as configs/rlvr_math12k_qwen3_30b_a3b.py explains.
-  c = base.paper("composition_math12k_qwen3_30b_a3b", steps=600, fsdp=16)
+  # One 8 x H100 node, as configs/rlvr_math12k_qwen3_30b_a3b.py explains.
+  c = base.paper("composition_math12k_qwen3_30b_a3b", steps=600, fsdp=8)
   return curriculum(rlvr_math12k_qwen3_4b.composition_rl(c))
