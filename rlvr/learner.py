@@ -138,11 +138,14 @@ class LearnerConfig:
     if self.seq_mask_cap is not None and not self.seq_mask_cap > 1:
       raise ValueError(f"seq_mask_cap: must be > 1, got {self.seq_mask_cap}")
     grpo.policy_loss_fn(self.policy_loss)  # a one-line error naming the known losses
-    if self.accumulate_in_backward and (self.lora.rank or not self.scan_layers):
+    if self.accumulate_in_backward and (
+      self.lora.rank or not self.scan_layers or self.remat_policy != "nothing"
+    ):
       raise ValueError(
-        "accumulate_in_backward: needs the stacked layer scan and full fine-tuning "
-        f"(scan_layers=True, lora.rank=0), got scan_layers={self.scan_layers}, "
-        f"lora.rank={self.lora.rank}"
+        "accumulate_in_backward: needs the stacked layer scan and full fine-tuning, and "
+        "recomputes every layer whole (scan_layers=True, lora.rank=0, remat_policy='nothing'),"
+        f" got scan_layers={self.scan_layers}, lora.rank={self.lora.rank}, "
+        f"remat_policy={self.remat_policy!r}"
       )
     if not isinstance(self.lora, LoraConfig):
       raise ValueError(f"lora: expected a rlvr.lora.LoraConfig, got {type(self.lora).__name__}")

@@ -72,6 +72,17 @@ def test_moe_token_chunks_equal_one_pass():
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+  "field, value", [("scan_layers", False), ("remat_policy", "dots"), ("lora", "rank 4")]
+)
+def test_accumulating_in_backward_refuses_what_it_cannot_do(field, value):
+  from rlvr.lora import LoraConfig
+
+  value = LoraConfig(rank=4) if field == "lora" else value
+  with pytest.raises(ValueError, match=f"accumulate_in_backward: .*{field.split('_')[0]}"):
+    learner.LearnerConfig(accumulate_in_backward=True, **{field: value})
+
+
 def _batch(vocab: int):
   import learner_worker as worker
 
@@ -100,10 +111,7 @@ def policies(tmp_path_factory):
   return {"dense": model.load_hf(dense), "moe": model.load_hf(mixed)}
 
 
-@pytest.mark.parametrize(
-  "name, mesh_axes",
-  [("dense", {}), ("moe", {}), ("moe", {"fsdp": 2, "expert": 2})],
-)
+@pytest.mark.parametrize("name, mesh_axes", [("dense", {}), ("moe", {"fsdp": 2, "expert": 2})])
 def test_update_accumulating_in_backward_equals_the_plain_update(policies, name, mesh_axes):
   """Two micro-batches, remat, router losses and routing replay on: the step's weights and
   metrics are the plain accumulation's."""
