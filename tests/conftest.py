@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -14,6 +17,13 @@ import jax  # noqa: E402
 
 # 8 fake CPU devices for sharding tests; single-device code runs on device 0.
 jax.config.update("jax_num_cpu_devices", 8)
+
+# The session's subprocesses (launch.* runs) share one persistent XLA compilation cache:
+# a rerun that resumes, or a second run of the same configuration, loads the programs
+# the first run compiled. Set after `import jax`: this process's JAX does not use it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlvr-tests-xla-cache-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 LLAMA3_SCALING = dict(
   factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
