@@ -188,8 +188,16 @@ def test_work_dirs_that_are_not_shared_are_an_error_at_start_up(tmp_path):
 
 
 def test_one_svs_step_on_two_processes_equals_one_process(tmp_path):
-  _one_process(SVS, tmp_path / "one")
-  _two_processes(SVS, tmp_path / "two", tmp_path)
+  """The SvS step on 2 processes from the one-process run's SFT (SFT itself on 2
+  processes: the plain config's test)."""
+  one, two = tmp_path / "one", tmp_path / "two"
+  _one_process(SVS, one)
+  two.mkdir()
+  shutil.copytree(one / "sft", two / "sft")
+  progress = json.loads((one / "progress.json").read_text())
+  del progress["eval_after"], progress["eval_after_step"]  # evaluated again after RL
+  (two / "progress.json").write_text(json.dumps(progress))
+  _two_processes(SVS, two, tmp_path)
   one, two = _rows(tmp_path / "one" / "metrics.jsonl"), _rows(tmp_path / "two" / "metrics.jsonl")
   assert one == two and len(two) == 1
   assert two[0]["svs_syntheses"] > 0
