@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,7 +213,13 @@ def test_method_from_outside_the_library_stops_on_sigterm_and_resumes_with_its_s
   full = _train(str(tmp_path / "full"), "--config.rl.steps=4")
   # The same command, stopped by SIGTERM once its first RL step is logged: it ends the
   # step in progress, saves a checkpoint there and exits non-zero; the rerun resumes.
+  # It starts from the full run's SFT and evaluation before RL (same seeds, same output).
   cut = tmp_path / "cut"
+  cut.mkdir()
+  shutil.copytree(tmp_path / "full" / "sft", cut / "sft")
+  progress = json.loads((tmp_path / "full" / "progress.json").read_text())
+  del progress["eval_after"], progress["eval_after_step"]
+  (cut / "progress.json").write_text(json.dumps(progress))
   proc = subprocess.Popen(
     _command(str(cut), "--config.rl.steps=4"),
     cwd=REPO,
