@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -175,8 +176,14 @@ def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
   assert [r["staleness_mean"] for r in full] == [0.0] + [1.0] * (steps - 1)
   assert all(r["overlap_frac"] > 0 for r in full[:-1])  # sampled in a thread during updates
   # The same command, killed by SIGKILL once the step-2 checkpoint (with step 2's buffer,
-  # sampled during update 1) is written; the rerun resumes from it.
+  # sampled during update 1) is written; the rerun resumes from it. It starts from the
+  # full run's SFT and evaluation before RL (same seeds, same output).
   cut = tmp_path / "cut"
+  cut.mkdir()
+  shutil.copytree(tmp_path / "full" / "sft", cut / "sft")
+  progress = json.loads((tmp_path / "full" / "progress.json").read_text())
+  del progress["eval_after"], progress["eval_after_step"]
+  (cut / "progress.json").write_text(json.dumps(progress))
   proc = subprocess.Popen(
     _command(cut, vllm_server, served_model_dir, steps),
     cwd=REPO,
