@@ -90,11 +90,9 @@ def _batch(vocab: int):
 
 
 @pytest.fixture(scope="module")
-def policies(tmp_path_factory):
-  root = tmp_path_factory.mktemp("accum")
-  dense = model.make_tiny(str(root / "dense"), seed=3, init_std=0.1)
+def policies(tmp_path_factory, tiny_dirs):
   mixed = model.make_tiny(
-    str(root / "mixed"),
+    str(tmp_path_factory.mktemp("accum") / "mixed"),
     seed=4,
     init_std=0.1,
     family="qwen3_moe",
@@ -108,7 +106,7 @@ def policies(tmp_path_factory):
     moe_intermediate_size=24,
     mlp_only_layers=[2],
   )
-  return {"dense": model.load_hf(dense), "moe": model.load_hf(mixed)}
+  return {"dense": model.load_hf(tiny_dirs["qwen2"]), "moe": model.load_hf(mixed)}
 
 
 @pytest.mark.parametrize("name, mesh_axes", [("dense", {}), ("moe", {"fsdp": 2, "expert": 2})])
