@@ -116,7 +116,7 @@ def test_svs_step_counts_add_up(tiny_dirs, one_device_learner):
 
 
 def test_svs_on_a_policy_that_synthesizes(arithmetic_policy, arithmetic_score, one_device_learner):
-  """All three data types (the SFT'd arithmetic policy, real math-verify), two steps."""
+  """All three data types (the SFT'd arithmetic policy, real math-verify) in one step."""
   from rlvr.tasks import arithmetic
 
   policy_dir, problems = arithmetic_policy
@@ -138,7 +138,7 @@ def test_svs_on_a_policy_that_synthesizes(arithmetic_policy, arithmetic_score, o
     method,
     rl,
     arithmetic_score,
-    steps=2,
+    steps=1,
     lr=1e-4,
     answer_of=arithmetic.answer_of,
   )
