@@ -129,7 +129,7 @@ ARITH_RL = loop.RLConfig(
 ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)  # the paper's G_v
 
 
-def _arithmetic_step(make_learner, sampler, cfg, params, tok, problems, score_fn):
+def _arithmetic_step(make_learner, sampler, cfg, params, tok, problems, score_fn, rl=ARITH_RL):
   enc = lambda text: format_prompt(tok, text, "")
   prompts = [loop.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems]
   return _step(
@@ -140,7 +140,7 @@ def _arithmetic_step(make_learner, sampler, cfg, params, tok, problems, score_fn
     tok,
     prompts,
     score_fn,
-    ARITH_RL,
+    rl,
     ARITH_SVS,
     1e-4,
     template=arithmetic.INVERSE_TEMPLATE,
@@ -171,8 +171,11 @@ def test_svs_step_with_jax_sampler_builds_all_three_types(
     calls.append((list(golds), np.asarray(correct)))
     return rewards, correct
 
+  # 16 originals a round: the SFT'd policy still leaves types 1, 2 and 3 a dozen groups each.
+  rl = dataclasses.replace(ARITH_RL, prompts_per_step=16)
+  sampler = JaxSampler(cfg, params, tok)
   state, m = _arithmetic_step(
-    one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok, problems, recording_score
+    one_device_learner, sampler, cfg, params, tok, problems, recording_score, rl
   )
   _check_all_types(state, m)
   # Scoring calls: the originals (one per dynamic-sampling round), then the synthetic
