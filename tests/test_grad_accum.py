@@ -91,20 +91,11 @@ def _batch(vocab: int):
 
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory, tiny_dirs):
+  from test_moe import MOE_CONFIGS  # dense layers among sparse ones, GQA, raw top-k
+
+  root = tmp_path_factory.mktemp("accum")
   mixed = model.make_tiny(
-    str(tmp_path_factory.mktemp("accum") / "mixed"),
-    seed=4,
-    init_std=0.1,
-    family="qwen3_moe",
-    num_layers=4,
-    hidden_size=64,
-    intermediate_size=96,
-    num_heads=4,
-    num_kv_heads=1,
-    num_experts=6,
-    num_experts_per_tok=3,
-    moe_intermediate_size=24,
-    mlp_only_layers=[2],
+    str(root / "mixed"), seed=4, init_std=0.1, family="qwen3_moe", **MOE_CONFIGS["mixed"]
   )
   return {"dense": model.load_hf(tiny_dirs["qwen2"]), "moe": model.load_hf(mixed)}
 
