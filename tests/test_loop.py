@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
+import run_copies
 from rules import even_length
 from transformers import AutoTokenizer
 
@@ -215,11 +215,7 @@ def test_method_from_outside_the_library_stops_on_sigterm_and_resumes_with_its_s
   # step in progress, saves a checkpoint there and exits non-zero; the rerun resumes.
   # It starts from the full run's SFT and evaluation before RL (same seeds, same output).
   cut = tmp_path / "cut"
-  cut.mkdir()
-  shutil.copytree(tmp_path / "full" / "sft", cut / "sft")
-  progress = json.loads((tmp_path / "full" / "progress.json").read_text())
-  del progress["eval_after"], progress["eval_after_step"]
-  (cut / "progress.json").write_text(json.dumps(progress))
+  run_copies.start_from_sft(tmp_path / "full", cut)
   proc = subprocess.Popen(
     _command(str(cut), "--config.rl.steps=4"),
     cwd=REPO,

@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+import run_copies
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
@@ -192,11 +193,7 @@ def test_one_svs_step_on_two_processes_equals_one_process(tmp_path):
   processes: the plain config's test)."""
   one, two = tmp_path / "one", tmp_path / "two"
   _one_process(SVS, one)
-  two.mkdir()
-  shutil.copytree(one / "sft", two / "sft")
-  progress = json.loads((one / "progress.json").read_text())
-  del progress["eval_after"], progress["eval_after_step"]  # evaluated again after RL
-  (two / "progress.json").write_text(json.dumps(progress))
+  run_copies.start_from_sft(one, two)
   _two_processes(SVS, two, tmp_path)
   one, two = _rows(tmp_path / "one" / "metrics.jsonl"), _rows(tmp_path / "two" / "metrics.jsonl")
   assert one == two and len(two) == 1

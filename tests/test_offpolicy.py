@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -16,6 +15,7 @@ import time
 import jax
 import numpy as np
 import pytest
+import run_copies
 from rules import even_length
 from test_loop import PROMPTS, RL, _env
 from test_vllm_sampler import tiny_rlvr_on_server
@@ -179,11 +179,7 @@ def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
   # sampled during update 1) is written; the rerun resumes from it. It starts from the
   # full run's SFT and evaluation before RL (same seeds, same output).
   cut = tmp_path / "cut"
-  cut.mkdir()
-  shutil.copytree(tmp_path / "full" / "sft", cut / "sft")
-  progress = json.loads((tmp_path / "full" / "progress.json").read_text())
-  del progress["eval_after"], progress["eval_after_step"]
-  (cut / "progress.json").write_text(json.dumps(progress))
+  run_copies.start_from_sft(tmp_path / "full", cut)
   proc = subprocess.Popen(
     _command(cut, vllm_server, served_model_dir, steps),
     cwd=REPO,
