@@ -1,31 +1,47 @@
-"""The file writes every part of a run shares: atomic replacement, JSON and JSONL.
+"""The file writes every part of a run shares: atomic replacement, JSON and JSONL; the
+work dir's lock; disk errors in one line.
 
 A file written with `atomic_open` appears at its path only once the block that writes
-it ends without an error (a temporary beside it, then `os.replace`), so a killed run
-never leaves a half-written checkpoint index, report or weight file behind.
+it ends without an error (a temporary beside it, then `os.replace`), so a killed run,
+or one whose disk is full, never leaves a half-written checkpoint index, report or
+weight file behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
+import socket
 from typing import Any, Iterator, Mapping, Sequence
 
 
 @contextlib.contextmanager
-def atomic_open(path: str, mode: str = "w") -> Iterator[Any]:
-  """A file open for writing that replaces `path` when the block ends without an error."""
+def atomic_open(path: str, mode: str = "w", fsync: bool = False) -> Iterator[Any]:
+  """A file open for writing that replaces `path` when the block ends without an error.
+
+  fsync: the file's bytes reach the disk before it replaces `path` (and the rename after)."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.tmp{os.getpid()}"
   try:
     with open(tmp, mode) as f:
       yield f
+      if fsync:
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
   except BaseException:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
     raise
-  os.replace(tmp, path)
+  if fsync:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)
 
 
 def write_json(path: str, obj: Any) -> None:
@@ -44,3 +60,73 @@ def write_jsonl(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
   with atomic_open(path) as f:
     for r in rows:
       f.write(json.dumps(r) + "\n")
+
+
+# ------------------------------------------------------------------ work dir lock
+LOCK = ".lock"
+
+
+class WorkdirBusyError(RuntimeError):
+  """Another process holds the work dir's lock: one line naming its pid and host."""
+
+
+def _holder(path: str) -> str:
+  try:
+    with open(path) as f:
+      who = json.loads(f.read() or "{}")
+    return f"pid {who['pid']} on host {who['host']}"
+  except (OSError, ValueError, KeyError, TypeError):
+    return "another process"
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str) -> Iterator[str]:
+  """Holds an exclusive advisory lock (`flock`) on `workdir`/.lock for the block, which
+  records this process's pid and host; raises `WorkdirBusyError` at once when another
+  process holds it. The kernel releases the lock when its holder exits in any way
+  (kill -9 included), so a lock file a dead run left behind is simply taken over.
+  On NFS, Linux emulates flock with POSIX locks, which the server sees from every host."""
+  path = os.path.join(workdir, LOCK)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise WorkdirBusyError(
+        f"work dir {workdir} is in use by {_holder(path)} (lock {path}); wait for that run "
+        "to end or stop it, or give another --workdir"
+      ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode() + b"\n")
+    yield path
+  finally:
+    os.close(fd)  # closing the only descriptor releases the lock
+
+
+# ------------------------------------------------------------------ disk errors
+_DISK_ERRORS = {
+  errno.ENOSPC: ("no space left on the device", "free space there or give another --workdir"),
+  errno.EDQUOT: ("disk quota exceeded", "free space there or give another --workdir"),
+  errno.EROFS: ("read-only file system", "give a writable --workdir"),
+  errno.EACCES: ("permission denied", "give a --workdir this user can write"),
+  errno.EPERM: ("operation not permitted", "give a --workdir this user can write"),
+}
+
+
+def disk_error(e: BaseException) -> str | None:
+  """One line for an error writing the work dir (full disk, quota, read-only file system,
+  permissions), naming the path and what to do; None for any other error."""
+  for err in _chain(e):
+    if isinstance(err, OSError) and err.errno in _DISK_ERRORS:
+      what, todo = _DISK_ERRORS[err.errno]
+      where = err.filename if err.filename is not None else "the work dir"
+      return f"cannot write {where}: {what} ({errno.errorcode[err.errno]}); {todo}"
+  return None
+
+
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    yield e
+    e = e.__cause__ or e.__context__

@@ -1,0 +1,207 @@
+"""Checkpoints verify themselves: real orbax checkpoints of a tiny TrainState, damaged on
+disk (bytes overwritten in place, a data file truncated, orbax's JSON metadata truncated,
+the manifest missing), are set aside with one line each and the state resumes from the
+newest step that verifies, equal to what that step saved."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlvr import checkpoint, learner, sharding
+from rlvr.model import decoder
+from rlvr.model.config import ModelConfig
+
+MODEL = ModelConfig(
+  family="qwen2",
+  vocab_size=64,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=1,
+  num_heads=2,
+  num_kv_heads=1,
+  head_dim=16,
+  rope_theta=1e4,
+  rms_norm_eps=1e-6,
+  tie_word_embeddings=True,
+  max_position_embeddings=64,
+  eos_token_id=1,
+)
+LEARNER = learner.LearnerConfig(learning_rate=1e-3)
+
+
+def _state_at(base, step: int):
+  """A distinct state per step: every float leaf (params, AdamW moments) moved by `step`."""
+  return jax.tree.map(
+    lambda x: x + 0.25 * step if jnp.issubdtype(x.dtype, jnp.floating) else x, base
+  )
+
+
+def _no_params():
+  raise AssertionError("a resumed run does not load fresh parameters")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  """(checkpoint dir with steps 1 and 2, {step: saved state}, mesh), written once."""
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  params = decoder.init(MODEL, jax.random.PRNGKey(0))
+  base = learner.init_state(MODEL, LEARNER, params, mesh)
+  directory = str(tmp_path_factory.mktemp("ck") / "checkpoints")
+  mngr = checkpoint.manager(directory)
+  states = {s: _state_at(base, s) for s in (1, 2)}
+  for s, state in states.items():
+    checkpoint.save(mngr, state, {"step": s, "data": {"position": 10 * s}})
+  mngr.close()
+  return directory, jax.device_get(states), mesh
+
+
+@pytest.fixture
+def ckdir(saved, tmp_path):
+  directory, _, _ = saved
+  copy = str(tmp_path / "checkpoints")
+  shutil.copytree(directory, copy)
+  return copy
+
+
+def _resume(saved, directory, load_params=_no_params):
+  _, _, mesh = saved
+  mngr, state, meta = checkpoint.restore_or_init(directory, MODEL, LEARNER, mesh, load_params)
+  return mngr, state, meta
+
+
+def _assert_state_equal(a, b):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(path))
+
+
+def _largest_data_file(step_dir: str) -> str:
+  """The largest of the state's data files (those in a `d/` directory)."""
+  files = [
+    os.path.join(root, n)
+    for root, _, names in os.walk(os.path.join(step_dir, "state"))
+    if os.path.basename(root) == "d"
+    for n in names
+  ]
+  return max(files, key=os.path.getsize)
+
+
+def _overwrite_middle(path: str) -> None:
+  """4 KiB (or a quarter of a smaller file) overwritten in the middle; same size."""
+  size = os.path.getsize(path)
+  n = min(4096, size // 4)
+  with open(path, "r+b") as f:
+    f.seek(size // 2 - n // 2)
+    f.write(np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8).tobytes())
+  assert os.path.getsize(path) == size
+
+
+def _truncate(path: str, keep: int | None = None) -> None:
+  size = os.path.getsize(path)
+  with open(path, "r+b") as f:
+    f.truncate(size // 2 if keep is None else keep)
+
+
+DAMAGE = {
+  "bytes_overwritten": (lambda d: _overwrite_middle(_largest_data_file(d)), "checksum"),
+  "data_truncated": (lambda d: _truncate(_largest_data_file(d)), "truncated"),
+  "orbax_metadata_truncated": (
+    lambda d: _truncate(os.path.join(d, "state", "_METADATA"), 100),
+    "truncated",
+  ),
+  "json_meta_truncated": (
+    lambda d: _truncate(os.path.join(d, "meta", "metadata"), 20),
+    "truncated",
+  ),
+  "manifest_missing": (lambda d: os.remove(os.path.join(d, checkpoint.MANIFEST)), "unverified"),
+  "manifest_garbled": (lambda d: _truncate(os.path.join(d, checkpoint.MANIFEST), 30), "manifest"),
+}
+
+
+def test_manifest_lists_every_file_of_the_step(saved):
+  directory, _, _ = saved
+  step_dir = os.path.join(directory, "2")
+  with open(os.path.join(step_dir, checkpoint.MANIFEST)) as f:
+    manifest = json.load(f)
+  assert manifest["format"] == 1 and manifest["hash"] == "blake2b-256"
+  on_disk = sorted(
+    os.path.relpath(os.path.join(root, n), step_dir)
+    for root, _, names in os.walk(step_dir)
+    for n in names
+    if n != checkpoint.MANIFEST
+  )
+  assert sorted(manifest["files"]) == on_disk
+  assert "state/_METADATA" in on_disk and "meta/metadata" in on_disk
+  for rel, entry in manifest["files"].items():
+    assert entry["bytes"] == os.path.getsize(os.path.join(step_dir, rel))
+  assert checkpoint.verify(step_dir) is None
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_latest_step_falls_back_to_the_previous_one(saved, ckdir, damage, capsys):
+  _, states, _ = saved
+  step_dir = os.path.join(ckdir, "2")
+  harm, reason = DAMAGE[damage]
+  harm(step_dir)
+  problem = checkpoint.verify(step_dir)
+  assert problem is not None and problem.reason == reason
+  mngr, state, meta = _resume(saved, ckdir)
+  assert meta["step"] == 1 and meta["data"] == {"position": 10}
+  _assert_state_equal(state, states[1])
+  # Set aside, not deleted; orbax no longer lists it.
+  aside = os.path.join(ckdir, checkpoint.CORRUPT, f"2-{reason}")
+  assert os.path.isdir(aside) and not os.path.exists(step_dir)
+  assert mngr.all_steps() == [1] and checkpoint.steps(ckdir) == [1]
+  mngr.close()
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert lines == [
+    f"checkpoint {step_dir} does not verify: {problem.file}: {problem.detail}; moved to {aside}",
+    f"checkpoint: resuming from {os.path.join(ckdir, '1')}, the newest that verifies",
+  ]
+
+
+def test_restore_of_a_damaged_step_names_it_in_one_line(saved, ckdir):
+  _, _, mesh = saved
+  _truncate(_largest_data_file(os.path.join(ckdir, "2")))
+  mngr = checkpoint.manager(ckdir)
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.restore(mngr, checkpoint.abstract_state(MODEL, LEARNER, mesh))
+  mngr.close()
+  text = str(e.value)
+  assert text.startswith(f"checkpoint {os.path.join(ckdir, '2')} does not verify: state/")
+  assert "(truncated)" in text and "\n" not in text
+  assert checkpoint.steps(ckdir) == [1, 2]  # `restore` itself moves nothing
+
+
+def test_no_step_verifies_stops_until_the_corrupt_dir_is_moved(saved, ckdir, tmp_path):
+  for s in ("1", "2"):
+    _overwrite_middle(_largest_data_file(os.path.join(ckdir, s)))
+  aside = os.path.join(ckdir, checkpoint.CORRUPT)
+  expected = (
+    f"no checkpoint under {ckdir} verifies (set aside in {aside}: 1-checksum, 2-checksum); "
+    f"to start this phase from scratch move {aside} out of the work dir, or give a new --workdir"
+  )
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    _resume(saved, ckdir)
+  assert str(e.value) == expected
+  # A rerun does not quietly start from scratch either.
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    _resume(saved, ckdir)
+  assert str(e.value) == expected
+  shutil.move(aside, str(tmp_path / "kept"))
+  loaded = []
+  _, _, mesh = saved
+
+  def params():
+    loaded.append(True)
+    return decoder.init(MODEL, jax.random.PRNGKey(1))
+
+  mngr, state, meta = _resume(saved, ckdir, params)
+  mngr.close()
+  assert meta is None and loaded and int(state.step) == 0
