@@ -45,6 +45,75 @@ def test_logits_match_transformers(tiny_dirs, family):
   assert np.abs(ref).max() > 1.0  # logits are far from uniform: the check has teeth
 
 
+# Tiny models built and saved by transformers' own classes, so their config.json has the
+# spellings the installed transformers writes (rope_parameters, num_local_experts, ...).
+TRANSFORMERS_BUILT = {
+  "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
+  "qwen3": (
+    "Qwen3Config",
+    dict(head_dim=32, rope_parameters=dict(rope_type="default", rope_theta=1e6)),
+  ),
+  "llama": (
+    "LlamaConfig",
+    dict(
+      rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=5e5,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=64,
+      ),
+    ),
+  ),
+  "qwen3_moe": (
+    "Qwen3MoeConfig",
+    dict(
+      head_dim=32,
+      num_hidden_layers=3,
+      num_experts=4,
+      num_experts_per_tok=2,
+      moe_intermediate_size=48,
+      norm_topk_prob=True,
+      mlp_only_layers=[1],
+    ),
+  ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TRANSFORMERS_BUILT))
+def test_a_model_saved_by_transformers_loads_with_equal_logits(family, tmp_path):
+  import transformers
+
+  name, kw = TRANSFORMERS_BUILT[family]
+  kw = (
+    dict(
+      vocab_size=256,
+      hidden_size=64,
+      intermediate_size=96,
+      num_hidden_layers=2,
+      num_attention_heads=2,
+      num_key_value_heads=1,
+      initializer_range=0.1,
+      max_position_embeddings=256,
+    )
+    | kw
+  )
+  torch.manual_seed(0)
+  tm = AutoModelForCausalLM.from_config(getattr(transformers, name)(**kw), dtype=torch.float32)
+  tm.save_pretrained(str(tmp_path))
+  cfg, params = model.load_hf(str(tmp_path))
+  assert (cfg.family, cfg.num_layers, cfg.head_dim) == (family, kw["num_hidden_layers"], 32)
+  assert cfg.num_experts == kw.get("num_experts", 0)
+  assert (cfg.rope_scaling is not None) == (family == "llama")
+  tokens = _tokens((2, 96), high=256)  # past llama's original_max_position_embeddings (64)
+  with torch.no_grad():
+    ref = tm.eval()(torch.tensor(tokens)).logits.numpy()
+  ours = np.asarray(model.forward(params, jnp.asarray(tokens), config=cfg))
+  np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+  assert np.abs(ref).max() > 1.0  # logits are far from uniform: the check has teeth
+
+
 def test_llama3_rope_scaling_takes_effect(tiny_dirs):
   cfg, params = model.load_hf(tiny_dirs["llama"])
   assert cfg.rope_scaling is not None
@@ -247,6 +316,8 @@ FULL_SIZE = {
     max_position_embeddings=131072,
     attention_bias=False,
     mlp_bias=False,
+    bos_token_id=128000,
+    eos_token_id=128001,
     rope_scaling=dict(
       rope_type="llama3",
       factor=8.0,
@@ -305,6 +376,12 @@ def test_full_size_param_counts_match_transformers(name):
     tm = AutoModelForCausalLM.from_config(tcfg)
   theirs = sum(p.numel() for p in tm.parameters())
   assert ours == theirs, (name, ours, theirs)
+  # The same model as the installed transformers writes its config.json (its spellings:
+  # rope_parameters, num_local_experts, layer_types, ...).
+  written = json.loads(tcfg.to_json_string())
+  assert model.ModelConfig.from_hf(dict(written, architectures=hf["architectures"])) == (
+    model.ModelConfig.from_hf(hf)
+  )
 
 
 # ------------------------------------------------------------------ bad input
@@ -312,6 +389,16 @@ def test_unsupported_architecture_is_named():
   hf = dict(FULL_SIZE["Qwen2.5-3B"], architectures=["GPT2LMHeadModel"])
   with pytest.raises(model.ConfigError, match="architectures.*GPT2LMHeadModel"):
     model.ModelConfig.from_hf(hf)
+
+
+def test_sliding_window_layers_are_refused():
+  hf = FULL_SIZE["Qwen3-4B"]
+  types = ["full_attention"] * 35 + ["sliding_attention"]
+  with pytest.raises(model.ConfigError, match=r"sliding-window attention \(layers \[35\]\)"):
+    model.ModelConfig.from_hf(dict(hf, layer_types=types))
+  with pytest.raises(model.ConfigError, match=r"layers \[28, 29, 30"):
+    model.ModelConfig.from_hf(dict(hf, use_sliding_window=True, max_window_layers=28))
+  assert model.ModelConfig.from_hf(dict(hf, layer_types=["full_attention"] * 36))
 
 
 def test_missing_config_field_is_named(tiny_dirs, tmp_path):

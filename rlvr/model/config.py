@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 # HF architecture name -> our family name. Each family fixes the per-layer
 # details that config.json does not spell out (qkv bias, q/k norm).
@@ -30,6 +30,140 @@ class RopeScaling:
   low_freq_factor: float
   high_freq_factor: float
   original_max_position_embeddings: int
+
+
+_REQUIRED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class HFField:
+  """Where one `ModelConfig` field is in an HF config.json.
+
+  names: the spellings transformers versions write, the first present (and not null)
+    one wins; a dotted name is a key of a nested dict ("rope_parameters.rope_theta").
+  default: the value when none is present; `_REQUIRED` makes that an error naming the
+    field, a callable computes it from the fields read above it.
+  cast: turns the JSON value into the field's type.
+  """
+
+  names: tuple[str, ...]
+  default: Any = _REQUIRED
+  cast: Callable[[Any], Any] = lambda v: v
+
+
+def _first_id(value):
+  """A token id; a list of them (several eos ids) gives its first."""
+  if isinstance(value, (list, tuple)):
+    return int(value[0]) if value else None
+  return None if value is None else int(value)
+
+
+# ModelConfig field -> its config.json spellings, in one place. transformers 5 writes
+# the RoPE base only inside `rope_parameters`, transformers 4 at the top level
+# (`rope_theta`); a llama3-scaled `rope_scaling` dict may carry it too. head_dim is
+# absent from Llama-2-era hub configs and from what transformers 5 writes for Qwen2
+# and Qwen3-MoE: then hidden_size / num_attention_heads.
+HF_FIELDS: dict[str, HFField] = {
+  "vocab_size": HFField(("vocab_size",), cast=int),
+  "hidden_size": HFField(("hidden_size",), cast=int),
+  "intermediate_size": HFField(("intermediate_size",), cast=int),
+  "num_layers": HFField(("num_hidden_layers",), cast=int),
+  "num_heads": HFField(("num_attention_heads",), cast=int),
+  "num_kv_heads": HFField(("num_key_value_heads",), lambda f: f["num_heads"], int),
+  "head_dim": HFField(("head_dim",), lambda f: f["hidden_size"] // f["num_heads"], int),
+  "rope_theta": HFField(
+    ("rope_parameters.rope_theta", "rope_theta", "rope_scaling.rope_theta"), 10000.0, float
+  ),
+  "rms_norm_eps": HFField(("rms_norm_eps",), cast=float),
+  "tie_word_embeddings": HFField(("tie_word_embeddings",), False, bool),
+  "max_position_embeddings": HFField(("max_position_embeddings",), 32768, int),
+  "bos_token_id": HFField(("bos_token_id",), None, _first_id),
+  "eos_token_id": HFField(("eos_token_id",), None, _first_id),
+}
+# Read for family qwen3_moe only. transformers 5 names the expert count
+# `num_local_experts` (Qwen3MoeConfig.attribute_map); hub checkpoints say `num_experts`.
+HF_MOE_FIELDS: dict[str, HFField] = {
+  "num_experts": HFField(("num_experts", "num_local_experts"), cast=int),
+  "num_experts_per_tok": HFField(("num_experts_per_tok",), cast=int),
+  "moe_intermediate_size": HFField(("moe_intermediate_size",), cast=int),
+  "norm_topk_prob": HFField(("norm_topk_prob",), False, bool),
+  "decoder_sparse_step": HFField(("decoder_sparse_step",), 1, int),
+  "mlp_only_layers": HFField(("mlp_only_layers",), (), lambda v: tuple(int(i) for i in v)),
+  "router_aux_loss_coef": HFField(("router_aux_loss_coef",), 0.001, float),
+}
+# The dicts that hold the RoPE type and its scaling parameters (transformers 5, then 4),
+# and the two names of the type inside them.
+ROPE_DICTS = ("rope_parameters", "rope_scaling")
+ROPE_TYPE_KEYS = ("rope_type", "type")
+
+
+def _lookup(hf: Mapping[str, Any], name: str) -> Any:
+  """hf[name], a dotted name walking nested dicts; None when absent."""
+  value: Any = hf
+  for part in name.split("."):
+    if not isinstance(value, Mapping) or value.get(part) is None:
+      return None
+    value = value[part]
+  return value
+
+
+def _read(hf, where: str, name: str, spec: HFField, fields: Mapping[str, Any] | None = None):
+  """The field `name` of `hf` under the first spelling present, else its default."""
+  for key in spec.names:
+    value = _lookup(hf, key)
+    if value is not None:
+      try:
+        return spec.cast(value)
+      except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {key}: not a valid {name} ({value!r})") from None
+  if spec.default is _REQUIRED:
+    spelled = " or ".join(repr(k) for k in spec.names)
+    raise ConfigError(f"{where}: missing required field {spelled}")
+  return spec.default(fields) if callable(spec.default) else spec.default
+
+
+def _rope_scaling(hf, where: str) -> RopeScaling | None:
+  rope = next((hf[k] for k in ROPE_DICTS if isinstance(hf.get(k), Mapping)), {})
+  rope_type = next((rope[k] for k in ROPE_TYPE_KEYS if rope.get(k) is not None), "default")
+  if rope_type == "default":
+    return None
+  if rope_type != "llama3":
+    raise ConfigError(
+      f"{where}: rope_scaling.rope_type: unsupported {rope_type!r}; supported: default, llama3"
+    )
+  try:
+    return RopeScaling(
+      factor=float(rope["factor"]),
+      low_freq_factor=float(rope["low_freq_factor"]),
+      high_freq_factor=float(rope["high_freq_factor"]),
+      original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+    )
+  except KeyError as e:
+    raise ConfigError(f"{where}: rope_scaling: missing field {e.args[0]!r}") from None
+
+
+def _check_unsupported(hf, where: str, family: str, num_layers: int) -> None:
+  """Settings of these families that the decoder does not implement are errors."""
+  if family == "qwen2" and hf.get("attention_bias") is False:
+    raise ConfigError(f"{where}: attention_bias: Qwen2 without qkv bias is not supported")
+  if family in ("qwen3", "qwen3_moe") and hf.get("attention_bias"):
+    raise ConfigError(f"{where}: attention_bias: {family} with qkv bias is not supported")
+  if family == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
+    raise ConfigError(f"{where}: attention_bias/mlp_bias: Llama with biases is not supported")
+  # transformers 5 lists each layer's attention in `layer_types`; transformers 4 slides
+  # the window over layers max_window_layers.. when use_sliding_window is set.
+  layer_types = hf.get("layer_types")
+  if layer_types:
+    sliding = [i for i, t in enumerate(layer_types) if t != "full_attention"]
+  elif hf.get("use_sliding_window"):
+    sliding = list(range(int(hf.get("max_window_layers") or 0), num_layers))
+  else:
+    sliding = []
+  if sliding:
+    raise ConfigError(
+      f"{where}: layer_types / use_sliding_window: sliding-window attention (layers "
+      f"{sliding}) is not supported; every layer must be full_attention"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +264,10 @@ class ModelConfig:
   # ------------------------------------------------------------------ HF I/O
   @classmethod
   def from_hf(cls, dir_or_dict: str | os.PathLike | Mapping[str, Any]) -> "ModelConfig":
-    """Builds a config from an HF model directory or a parsed config.json."""
+    """Builds a config from an HF model directory or a parsed config.json.
+
+    Every spelling in `HF_FIELDS` / `HF_MOE_FIELDS` is accepted (transformers 4 and 5
+    write some fields under different names or nest them in `rope_parameters`)."""
     if isinstance(dir_or_dict, Mapping):
       hf = dict(dir_or_dict)
       where = "config"
@@ -141,76 +278,20 @@ class ModelConfig:
       with open(where) as f:
         hf = json.load(f)
 
-    def need(key):
-      if key not in hf or hf[key] is None:
-        raise ConfigError(f"{where}: missing required field {key!r}")
-      return hf[key]
-
-    archs = need("architectures")
+    archs = _read(hf, where, "architectures", HFField(("architectures",)))
     arch = archs[0] if isinstance(archs, (list, tuple)) and archs else archs
     if arch not in ARCHITECTURES:
       raise ConfigError(
         f"{where}: architectures: unsupported {arch!r}; supported: {sorted(ARCHITECTURES)}"
       )
     family = ARCHITECTURES[arch]
-    num_heads = need("num_attention_heads")
-    hidden = need("hidden_size")
-    head_dim = hf.get("head_dim") or hidden // num_heads
-    if family == "qwen2" and hf.get("attention_bias") is False:
-      raise ConfigError(f"{where}: attention_bias: Qwen2 without qkv bias is not supported")
-    if family == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
-      raise ConfigError(f"{where}: attention_bias/mlp_bias: Llama with biases is not supported")
-    # transformers 5 moved rope settings into `rope_parameters`; accept both.
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    scaling = None
-    if rope_type == "llama3":
-      try:
-        scaling = RopeScaling(
-          factor=float(rope["factor"]),
-          low_freq_factor=float(rope["low_freq_factor"]),
-          high_freq_factor=float(rope["high_freq_factor"]),
-          original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
-        )
-      except KeyError as e:
-        raise ConfigError(f"{where}: rope_scaling: missing field {e.args[0]!r}") from None
-    elif rope_type not in ("default", None):
-      raise ConfigError(
-        f"{where}: rope_scaling.rope_type: unsupported {rope_type!r}; supported: default, llama3"
-      )
-    eos = hf.get("eos_token_id")
-    if isinstance(eos, list):
-      eos = eos[0] if eos else None
-    moe = {}
-    if family == "qwen3_moe":
-      moe = dict(
-        num_experts=int(need("num_experts")),
-        num_experts_per_tok=int(need("num_experts_per_tok")),
-        moe_intermediate_size=int(need("moe_intermediate_size")),
-        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-        decoder_sparse_step=int(hf.get("decoder_sparse_step", 1)),
-        mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
-        router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)),
-      )
-    return cls(
-      family=family,
-      vocab_size=need("vocab_size"),
-      hidden_size=hidden,
-      intermediate_size=need("intermediate_size"),
-      num_layers=need("num_hidden_layers"),
-      num_heads=num_heads,
-      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-      head_dim=head_dim,
-      rope_theta=float(rope_theta),
-      rms_norm_eps=float(need("rms_norm_eps")),
-      tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
-      rope_scaling=scaling,
-      bos_token_id=hf.get("bos_token_id"),
-      eos_token_id=eos,
-      **moe,
-    )
+    table = {**HF_FIELDS, **(HF_MOE_FIELDS if family == "qwen3_moe" else {})}
+    fields: dict[str, Any] = {"family": family}
+    for name, spec in table.items():
+      fields[name] = _read(hf, where, name, spec, fields)
+    _check_unsupported(hf, where, family, fields["num_layers"])
+    fields["rope_scaling"] = _rope_scaling(hf, where)
+    return cls(**fields)
 
   def to_hf(self, dtype: str = "float32") -> dict[str, Any]:
     """The config.json dict that transformers and vLLM load."""
