@@ -49,8 +49,11 @@ flags.DEFINE_bool(
   "(default: one line naming what to set).",
 )
 
-# What a run raises for bad settings or data (messages name the field, file or row):
-# one line on stderr, exit 1. Anything else is a bug and keeps its traceback.
+# What a run raises for bad settings or data (messages name the field, file or row), a
+# checkpoint that does not verify (`rlvr.checkpoint.CheckpointError`, a ValueError), a work
+# dir another run holds, or a disk that cannot be written (full, read-only: `fileio.disk_error`
+# names the path and what to do): one line on stderr, exit 1. Anything else is a bug and
+# keeps its traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 
@@ -91,7 +94,7 @@ def main(argv):
   if FLAGS.print_config:
     print(cfg)
     return
-  from rlvr import loop, oom, runner
+  from rlvr import fileio, loop, oom, runner
   from rlvr.sampling.assistant import AssistantError
   from rlvr.sampling.vllm_sampler import SamplerError
   from rlvr.sampling.vllm_server import ServerStartError
@@ -138,16 +141,25 @@ def main(argv):
       "to resume\n"
     )
     sys.exit(128 + signum)
-  except (*USER_ERRORS, loop.NoSignalError, AssistantError, SamplerError, ServerStartError) as e:
+  except (
+    *USER_ERRORS,
+    fileio.WorkdirBusyError,
+    loop.NoSignalError,
+    AssistantError,
+    SamplerError,
+    ServerStartError,
+  ) as e:
     if FLAGS.verbose:
       raise
-    text = " ".join(str(e).split())
+    text = fileio.disk_error(e, cfg.workdir) or " ".join(str(e).split())
     sys.stderr.write(f"launch.train: {text} (--verbose for the traceback)\n")
     sys.exit(1)
-  except Exception as e:  # noqa: BLE001 - out of memory is reported in one line, the rest raised
-    if FLAGS.verbose or not oom.is_oom(e):
+  except Exception as e:  # noqa: BLE001 - a full or read-only disk and out of memory are
+    # reported in one line, the rest raised
+    disk = fileio.disk_error(e, cfg.workdir)
+    if FLAGS.verbose or not (disk or oom.is_oom(e)):
       raise
-    line = oom.describe(e, plan=_plan_command())
+    line = disk or oom.describe(e, plan=_plan_command())
     sys.stderr.write(f"launch.train: {line} (--verbose for the traceback)\n")
     sys.exit(1)
   print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=2))

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 from typing import Any, Callable
 
@@ -204,8 +205,11 @@ def latest_verified(directory: str) -> int | None:
 
 
 def manager(directory: str, keep: int = 3) -> ocp.CheckpointManager:
-  """CheckpointManager keeping the last `keep` steps under `directory`."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+  """CheckpointManager keeping the last `keep` steps under `directory`; it removes the
+  temporary dirs of saves that did not finish (a run holds its work dir's lock)."""
+  options = ocp.CheckpointManagerOptions(
+    max_to_keep=keep, create=True, cleanup_tmp_directories=True
+  )
   return ocp.CheckpointManager(
     os.path.abspath(directory), options=options, item_names=("state", "meta")
   )
@@ -243,19 +247,34 @@ def save(
     int(metadata["step"]) if metadata and "step" in metadata else int(jax.device_get(state.step))
   )
   meta = dict(metadata or {}, step=step, versions=versions())
-  saved = mngr.save(
-    step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-  )
-  mngr.wait_until_finished()
-  if not saved:
-    return step
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
+  step_dir = os.path.join(str(mngr.directory), str(step))
+  existed = os.path.exists(step_dir)
+  try:
+    saved = mngr.save(
+      step,
+      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+    )
+    mngr.wait_until_finished()
+    if not saved:
+      return step
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
 
-    multihost_utils.sync_global_devices(f"rlvr checkpoint {step} written")
-  if distributed.is_writer():
-    write_manifest(os.path.join(str(mngr.directory), str(step)))
+      multihost_utils.sync_global_devices(f"rlvr checkpoint {step} written")
+    if distributed.is_writer():
+      write_manifest(step_dir)
+  except Exception:
+    if distributed.is_writer() and not existed:
+      _remove_partial(str(mngr.directory), step)
+    raise
   return step
+
+
+def _remove_partial(directory: str, step: int) -> None:
+  """What a save that failed (a full disk, ...) left of `step`: nothing half-written stays."""
+  for name in os.listdir(directory) if os.path.isdir(directory) else ():
+    if name == str(step) or name.startswith(f"{step}.orbax-checkpoint-tmp"):
+      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
 def abstract_state(model_cfg: ModelConfig, cfg: learner.LearnerConfig, mesh, rules=None):

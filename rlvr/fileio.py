@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -104,23 +105,44 @@ def workdir_lock(workdir: str) -> Iterator[str]:
 
 
 # ------------------------------------------------------------------ disk errors
-_DISK_ERRORS = {
-  errno.ENOSPC: ("no space left on the device", "free space there or give another --workdir"),
-  errno.EDQUOT: ("disk quota exceeded", "free space there or give another --workdir"),
-  errno.EROFS: ("read-only file system", "give a writable --workdir"),
-  errno.EACCES: ("permission denied", "give a --workdir this user can write"),
-  errno.EPERM: ("operation not permitted", "give a --workdir this user can write"),
+_DISK_ERRORS = {  # errno: (verb, what, what to do)
+  errno.ENOSPC: ("write", "no space left on the device", "free space on that file system"),
+  errno.EDQUOT: ("write", "disk quota exceeded", "free space within the quota"),
+  errno.EROFS: ("write", "read-only file system", "remount it writable"),
+  errno.EACCES: ("access", "permission denied", "make it writable for this user"),
+  errno.EPERM: ("access", "operation not permitted", "make it writable for this user"),
 }
+_PERMISSIONS = (errno.EACCES, errno.EPERM)
+# TensorStore (orbax's array writer) raises ValueError with the OS error code in its text.
+_TENSORSTORE_CODE = re.compile(r"os_error_code='(\d+)'")
+_TENSORSTORE_FILE = re.compile(r'local file "([^"]+)"')
 
 
-def disk_error(e: BaseException) -> str | None:
-  """One line for an error writing the work dir (full disk, quota, read-only file system,
-  permissions), naming the path and what to do; None for any other error."""
+def disk_error(e: BaseException, workdir: str | None = None) -> str | None:
+  """One line for an error writing files (full disk, quota, read-only file system; and
+  permissions under `workdir`), naming the path and what to do; None for any other error
+  (a data file this user may not read keeps its own message)."""
   for err in _chain(e):
+    code, where = None, None
     if isinstance(err, OSError) and err.errno in _DISK_ERRORS:
-      what, todo = _DISK_ERRORS[err.errno]
-      where = err.filename if err.filename is not None else "the work dir"
-      return f"cannot write {where}: {what} ({errno.errorcode[err.errno]}); {todo}"
+      code, where = err.errno, err.filename
+    elif isinstance(err, ValueError) and (m := _TENSORSTORE_CODE.search(str(err))):
+      code, path = int(m.group(1)), _TENSORSTORE_FILE.search(str(err))
+      where = path.group(1) if path else None
+    if code not in _DISK_ERRORS:
+      continue
+    where = re.sub(r"\.tmp\d+$", "", os.fsdecode(where)) if where is not None else None
+    inside = workdir is not None and (
+      where is None
+      or os.path.abspath(where).startswith(os.path.abspath(workdir) + os.sep)
+      or os.path.abspath(where) == os.path.abspath(workdir)
+    )
+    if code in _PERMISSIONS and not inside:
+      return None
+    verb, what, todo = _DISK_ERRORS[code]
+    todo += ", or give another --workdir" if inside else ""
+    name = where if where is not None else (workdir or "the work dir")
+    return f"cannot {verb} {name}: {what} ({errno.errorcode[code]}); {todo}"
   return None
 
 

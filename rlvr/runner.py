@@ -10,6 +10,7 @@ nothing here depends on which one it is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -439,9 +440,46 @@ def _restore_method(method, meta) -> None:
 
 # ------------------------------------------------------------------------ run
 def run(cfg) -> dict:
-  """Runs (or resumes) the experiment described by an ml_collections config."""
+  """Runs (or resumes) the experiment described by an ml_collections config, holding the
+  work dir's lock (`fileio.workdir_lock`): a second run on the same work dir stops at
+  once with one line naming the holder's pid and host."""
   t_start = time.time()
   checked = experiment.check(cfg)  # every setting, before anything is built or trained
+  distributed.initialize(cfg.get("coordinator") or None)
+  workdir = os.path.abspath(cfg.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  with _workdir_lock(workdir):
+    return _run(cfg, checked, t_start)
+
+
+@contextlib.contextmanager
+def _workdir_lock(workdir: str):
+  """Process 0 holds the lock; on several processes, all stop when it could not take it."""
+  if jax.process_count() == 1:
+    with fileio.workdir_lock(workdir):
+      yield
+    return
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  with contextlib.ExitStack() as stack:
+    error = None
+    if distributed.is_writer():
+      try:
+        stack.enter_context(fileio.workdir_lock(workdir))
+      except (fileio.WorkdirBusyError, OSError) as e:
+        error = e
+    held = int(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+    if error is not None:
+      raise error
+    if not held:
+      raise fileio.WorkdirBusyError(
+        f"work dir {workdir}: process 0 could not take its lock (its output says why)"
+      )
+    yield
+
+
+def _run(cfg, checked, t_start: float) -> dict:
   r = setup(cfg)
   experiment.check_eval_fits(checked.eval.sampling, r.context)
   experiment.check_mesh(checked, dict(r.mesh.shape))

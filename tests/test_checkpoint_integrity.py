@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -205,3 +207,60 @@ def test_no_step_verifies_stops_until_the_corrupt_dir_is_moved(saved, ckdir, tmp
   mngr, state, meta = _resume(saved, ckdir, params)
   mngr.close()
   assert meta is None and loaded and int(state.step) == 0
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The smallest whole run that updates: no SFT, 8 held-out problems, 2 RL steps of 4
+# prompts with a checkpoint after each; the overlong penalty gives an untrained policy's
+# groups reward variance, so every step makes an update.
+SMALL_RUN = [
+  "--config=configs/tiny_rlvr.py",
+  "--config.sft.steps=0",
+  "--config.data.arithmetic.n_sft=0",
+  "--config.data.arithmetic.n_heldout=8",
+  "--config.eval.sampling.n=1",
+  "--config.rl.steps=2",
+  "--config.checkpoint.every=1",
+  "--config.rl.loop.prompts_per_step=4",
+  "--config.rl.loop.dynamic_sampling=False",
+  "--config.shaping.overlong_cache=40",
+  "--config.export_hf=False",
+]
+
+
+def _train(workdir):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run(
+    [sys.executable, "-m", "launch.train", *SMALL_RUN, f"--workdir={workdir}"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return out, [json.loads(line) for line in f]
+
+
+def test_launch_train_resumes_from_the_previous_checkpoint_when_the_latest_is_damaged(tmp_path):
+  workdir = str(tmp_path / "run")
+  _, first = _train(workdir)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  assert checkpoint.steps(checkpoints) == [1, 2]
+  _overwrite_middle(_largest_data_file(os.path.join(checkpoints, "2")))
+  out, again = _train(workdir)
+  step_dir, aside = (
+    os.path.join(checkpoints, "2"),
+    os.path.join(checkpoints, "corrupt", "2-checksum"),
+  )
+  assert f"checkpoint {step_dir} does not verify: state/" in out.stderr
+  assert f"contents differ from the manifest (BLAKE2b checksum); moved to {aside}" in out.stderr
+  assert "resumed rlvr from step 1" in out.stdout
+  # Step 2 made again from step 1's state: the same numbers as the first time.
+  assert [r["step"] for r in again] == [0, 1] and again[0] == first[0]
+  for k, v in first[1].items():
+    if not k.startswith(("time_", "tokens_per_s")):
+      assert again[1][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+  assert checkpoint.steps(checkpoints) == [1, 2] and os.path.isdir(aside)
+  assert checkpoint.verify(step_dir) is None
