@@ -4,8 +4,14 @@ Math RL sets come in a few layouts (docs/architecture.md#data-formats): verl
 parquet with chat messages and `reward_model.ground_truth`, jsonl with
 {question, ref_answer} or {problem, answer}, and JSON arrays. All of them
 become `Example`s here, so the rest of the library sees one shape. Bad rows are
-skipped and reported by row index rather than silently dropped: a reward
-computed against an empty answer is worse than a smaller dataset.
+skipped and reported rather than silently dropped: a reward computed against an
+empty answer is worse than a smaller dataset.
+
+A row is named by its 0-based row index (`Example.index`, `Dataset.bad_rows`): the
+array index in a JSON file, the row number in a parquet file, the 0-based line
+number in a JSONL file (blank lines count). Messages spell it out, "row index 3", and
+for JSONL also give the 1-based line an editor shows: "line 4 (row index 3)".
+A row that is not valid UTF-8, or whose answer is NaN or infinite, is a bad row.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -70,6 +78,10 @@ class Dataset:
   bad_rows: tuple[tuple[int, str], ...]
   path: str
 
+  def where(self, index: int) -> str:
+    """Where row `index` is, as messages name it ("line 4 (row index 3)" in JSONL)."""
+    return row_label(self.path, index)
+
   def __len__(self) -> int:
     return len(self.examples)
 
@@ -81,35 +93,119 @@ class Dataset:
 
 
 # ------------------------------------------------------------------ raw rows
+def row_label(path: str, index: int) -> str:
+  """How messages name row `index` of `path`: "line 4 (row index 3)" in a JSONL file
+  (its row index is the 0-based line number), "row index 3" elsewhere."""
+  if os.path.splitext(path)[1].lower() == ".jsonl":
+    return f"line {index + 1} (row index {index})"
+  return f"row index {index}"
+
+
+def _bad_utf8(byte: int, at: str = "") -> str:
+  return f"not valid UTF-8 (byte 0x{byte:02x}{' ' + at if at else ''})"
+
+
 def _jsonl_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
-  """(row index = 0-based line number, object, error); blank lines are not rows."""
-  with open(path, encoding="utf-8") as f:
-    for i, line in enumerate(f):
+  """(row index = 0-based line number, object, error); blank lines are not rows.
+  Each line is decoded on its own, so one bad byte costs one row."""
+  with open(path, "rb") as f:
+    for i, raw in enumerate(f):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        column = len(raw[: e.start].decode("utf-8")) + 1  # in characters, as editors count
+        yield i, None, _bad_utf8(raw[e.start], f"at column {column}")
+        continue
       if not line.strip():
         continue
       try:
         yield i, json.loads(line), None
       except json.JSONDecodeError as e:
-        yield i, None, f"line {i + 1}: invalid JSON ({e.msg})"
+        yield i, None, f"invalid JSON ({e.msg} at column {e.colno})"
+
+
+# A byte that is not UTF-8, as decoding with errors="surrogateescape" keeps it.
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _line_col(text: str, pos: int) -> str:
+  """Where character `pos` of `text` is: "at line L, column C" (both 1-based)."""
+  line, column = text.count("\n", 0, pos) + 1, pos - text.rfind("\n", 0, pos)
+  return f"at line {line}, column {column}"
+
+
+def _array_spans(text: str) -> list[tuple[int, int]]:
+  """(start, end) of each element of `text`, a valid JSON array."""
+  decoder, spans = json.JSONDecoder(), []
+  pos = _JSON_SPACE.match(text).end() + 1  # past "["
+  while True:
+    pos = _JSON_SPACE.match(text, pos).end()
+    if text[pos] == "]":
+      return spans
+    _, end = decoder.raw_decode(text, pos)
+    spans.append((pos, end))
+    pos = _JSON_SPACE.match(text, end).end() + 1  # past "," or "]"
+    if text[pos - 1] == "]":
+      return spans
 
 
 def _json_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
-  with open(path, encoding="utf-8") as f:
-    try:
-      data = json.load(f)
-    except json.JSONDecodeError as e:
-      raise DatasetError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from e
+  """(array index, object, error). Bytes that are not UTF-8 inside a string make their
+  element a bad row (named with the byte's line and column); elsewhere, the file."""
+  with open(path, encoding="utf-8", errors="surrogateescape") as f:
+    text = f.read()
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    bad = _ESCAPED_BYTE.match(text, e.pos)
+    why = _bad_utf8(ord(bad.group()) - 0xDC00) if bad else e.msg
+    raise DatasetError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {why}") from e
   if not isinstance(data, list):
     raise DatasetError(f"{path}: expected a JSON array of objects, got {type(data).__name__}")
+  spans = _array_spans(text) if _ESCAPED_BYTE.search(text) else []
   for i, row in enumerate(data):
-    yield i, row, None
+    bad = _ESCAPED_BYTE.search(text, *spans[i]) if spans else None
+    if bad:
+      yield i, None, _bad_utf8(ord(bad.group()) - 0xDC00, _line_col(text, bad.start()))
+    else:
+      yield i, row, None
+
+
+_PARQUET_CHUNK = 1024
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
+  """(row number, object, error). A string cell that is not UTF-8 makes its row bad
+  (named with its column); the other rows of its chunk are converted one at a time."""
   import pyarrow.parquet as pq  # only parquet readers pay for the import
 
-  for i, row in enumerate(pq.read_table(path).to_pylist()):
-    yield i, row, None
+  table = pq.read_table(path)
+  for start in range(0, table.num_rows, _PARQUET_CHUNK):
+    chunk = table.slice(start, _PARQUET_CHUNK)
+    try:
+      rows = chunk.to_pylist()
+    except UnicodeDecodeError:
+      rows = None
+    for i in range(chunk.num_rows):
+      if rows is not None:
+        yield start + i, rows[i], None
+        continue
+      one = chunk.slice(i, 1)
+      try:
+        row, error = one.to_pylist()[0], None
+      except UnicodeDecodeError:
+        row, error = None, _parquet_bad_cell(one)
+      yield start + i, row, error
+
+
+def _parquet_bad_cell(row) -> str:
+  for name in row.column_names:
+    try:
+      row.column(name).to_pylist()
+    except UnicodeDecodeError as e:
+      return _bad_utf8(e.object[e.start], f"in column {name!r}")
+  return "not valid UTF-8"
 
 
 _READERS = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
@@ -163,6 +259,15 @@ def _answer_text(value: Any) -> str | None:
   return None
 
 
+def _finite_or_text(answer: str) -> bool:
+  """False for an answer that reads as a NaN or infinite float ("NaN", "-inf",
+  "Infinity", "1e400", or a JSON number beyond float range); no reward can match it."""
+  try:
+    return math.isfinite(float(answer))
+  except ValueError:
+    return True
+
+
 def _to_example(
   row: Any, index: int, problem_fields, answer_fields, default_source: str
 ) -> Example | str:
@@ -187,6 +292,8 @@ def _to_example(
     return f"answer has unsupported type {type(raw_answer).__name__}"
   if not answer.strip():
     return "empty answer"
+  if not _finite_or_text(answer):
+    return f"answer is not a finite number ({raw_answer!r})"
   solution = _first_present(row, SOLUTION_FIELDS)
   source = _first_present(row, SOURCE_FIELDS)
   return Example(
@@ -198,8 +305,8 @@ def _to_example(
   )
 
 
-def _summary(bad_rows: Sequence[tuple[int, str]]) -> str:
-  shown = "; ".join(f"row {i}: {reason}" for i, reason in bad_rows[:_SHOWN_BAD_ROWS])
+def _summary(path: str, bad_rows: Sequence[tuple[int, str]]) -> str:
+  shown = "; ".join(f"{row_label(path, i)}: {reason}" for i, reason in bad_rows[:_SHOWN_BAD_ROWS])
   more = f"; ... {len(bad_rows) - _SHOWN_BAD_ROWS} more" if len(bad_rows) > _SHOWN_BAD_ROWS else ""
   return shown + more
 
@@ -216,8 +323,10 @@ def read_dataset(
 
   problem_field / answer_field: a (dotted) field name; by default the first
   present of PROBLEM_FIELDS / ANSWER_FIELDS. A row with a missing or empty
-  problem or answer, or an unparseable JSON line, is skipped and listed in
-  `bad_rows` (on_bad_row="skip") or raises DatasetError (on_bad_row="error").
+  problem or answer, a NaN or infinite answer, an unparseable JSON line or bytes
+  that are not UTF-8 is skipped and listed in `bad_rows` (on_bad_row="skip"), or
+  raises DatasetError naming the file and the row (on_bad_row="error"), e.g.
+  "set.jsonl: line 4 (row index 3): invalid JSON (...)".
   limit: stop after this many valid examples.
   """
   if on_bad_row not in BAD_ROW_POLICIES:
@@ -240,12 +349,12 @@ def read_dataset(
         break
       continue
     if on_bad_row == "error":
-      raise DatasetError(f"{path}: row {index}: {result}")
+      raise DatasetError(f"{path}: {row_label(path, index)}: {result}")
     bad_rows.append((index, result))
   if not examples:
     raise DatasetError(
       f"{path}: no valid row among {num_rows} rows"
-      + (f"; {_summary(bad_rows)}" if bad_rows else "")
+      + (f"; {_summary(path, bad_rows)}" if bad_rows else "")
     )
   if bad_rows:
     log.warning(
@@ -253,7 +362,7 @@ def read_dataset(
       path,
       len(bad_rows),
       num_rows,
-      _summary(bad_rows),
+      _summary(path, bad_rows),
     )
   return Dataset(examples=tuple(examples), bad_rows=tuple(bad_rows), path=path)
 

@@ -53,14 +53,17 @@ def test_jsonl_skips_and_reports_bad_rows_by_index(jsonl_file, caplog):
   reasons = dict(ds.bad_rows)
   assert reasons[1].startswith("missing answer")
   assert reasons[2] == "empty problem"
-  assert "line 4" in reasons[3] and "invalid JSON" in reasons[3]
+  assert reasons[3].startswith("invalid JSON")
   assert reasons[6] == "empty answer"
+  assert ds.where(3) == "line 4 (row index 3)"
   warnings = [r.getMessage() for r in caplog.records]
-  assert len(warnings) == 1 and "skipped 4 of 6 rows" in warnings[0] and "row 1:" in warnings[0]
+  assert len(warnings) == 1 and "skipped 4 of 6 rows" in warnings[0]
+  assert "line 2 (row index 1): missing answer" in warnings[0]
+  assert "line 4 (row index 3): invalid JSON" in warnings[0]
 
 
 def test_on_bad_row_error_names_the_row_and_field(jsonl_file):
-  with pytest.raises(DatasetError, match=r"row 1: missing answer"):
+  with pytest.raises(DatasetError, match=r"set\.jsonl: line 2 \(row index 1\): missing answer"):
     read_dataset(jsonl_file, on_bad_row="error")
   with pytest.raises(ValueError, match="on_bad_row"):
     read_dataset(jsonl_file, on_bad_row="ignore")
@@ -75,8 +78,86 @@ def test_all_bad_rows_raise_with_path_count_and_reasons(tmp_path):
     read_dataset(path)
   msg = str(e.value)
   assert path in msg and "no valid row among 3 rows" in msg
-  assert "row 0: missing answer" in msg and "row 1: line 2: invalid JSON" in msg
-  assert "row 2: missing problem" in msg
+  assert "line 1 (row index 0): missing answer" in msg
+  assert "line 2 (row index 1): invalid JSON" in msg
+  assert "line 3 (row index 2): missing problem" in msg
+
+
+def test_non_finite_answers_and_bytes_that_are_not_utf8_are_bad_rows(tmp_path, caplog):
+  from rlvr import datasets
+
+  lines = [
+    b'{"problem": "p0", "answer": "4"}',
+    b'{"problem": "p1", "answer": NaN}',
+    b'{"problem": "p2", "answer": "Infinity"}',
+    b'{"problem": "p3", "answer": 1e400}',
+    b'{"problem": "p4 \xff", "answer": "5"}',
+    b'{"problem": "p5", "answer": " -inf "}',
+    b'{"problem": "caf\xc3\xa9 p6", "answer": 2.5}',
+  ]
+  path = tmp_path / "bad_bytes.jsonl"
+  path.write_bytes(b"\n".join(lines) + b"\n")
+  with caplog.at_level(logging.WARNING, logger="rlvr.data"):
+    ds = read_dataset(str(path))
+  assert [(e.problem, e.answer, e.index) for e in ds] == [("p0", "4", 0), ("café p6", "2.5", 6)]
+  assert ds.bad_rows == (
+    (1, "answer is not a finite number (nan)"),
+    (2, "answer is not a finite number ('Infinity')"),
+    (3, "answer is not a finite number (inf)"),
+    (4, "not valid UTF-8 (byte 0xff at column 17)"),
+    (5, "answer is not a finite number (' -inf ')"),
+  )
+  (warning,) = [r.getMessage() for r in caplog.records]
+  assert "skipped 5 of 7 rows" in warning
+  assert "line 5 (row index 4): not valid UTF-8 (byte 0xff at column 17)" in warning
+
+  with pytest.raises(DatasetError, match=r"bad_bytes\.jsonl: line 2 \(row index 1\): answer is"):
+    read_dataset(str(path), on_bad_row="error")
+  path.write_bytes(b"\n".join(lines[:1] + lines[4:5]))
+  message = rf"{path}: line 2 \(row index 1\): not valid UTF-8 \(byte 0xff at column 17\)"
+  with pytest.raises(DatasetError, match=message):
+    read_dataset(str(path), on_bad_row="error")
+  with pytest.raises(DatasetError, match=message):  # the run's data settings reach the reader
+    datasets.prepare(datasets.DataConfig(train_path=str(path), on_bad_row="error"), 0)
+
+
+def test_json_array_and_parquet_rows_with_bad_bytes_or_non_finite_answers(tmp_path):
+  path = tmp_path / "set.json"
+  path.write_bytes(
+    b'[\n  {"problem": "p0", "answer": "1"},\n  {"problem": "p\xff1", "answer": "2"},\n'
+    b'  {"problem": "p2", "answer": -Infinity},\n  {"problem": "p3", "answer": "3"}\n]\n'
+  )
+  ds = read_dataset(str(path))
+  assert [(e.problem, e.index) for e in ds] == [("p0", 0), ("p3", 3)]
+  assert ds.bad_rows == (
+    (1, "not valid UTF-8 (byte 0xff at line 3, column 17)"),
+    (2, "answer is not a finite number (-inf)"),
+  )
+  with pytest.raises(
+    DatasetError, match=r"set\.json: row index 1: not valid UTF-8 \(byte 0xff at line 3"
+  ):
+    read_dataset(str(path), on_bad_row="error")
+  path.write_bytes(b'[{"problem": "p0", "answer": "1"},\n \xff]')  # outside any string
+  with pytest.raises(DatasetError, match=r"line 2, column 2: not valid UTF-8 \(byte 0xff\)"):
+    read_dataset(str(path))
+
+  # A parquet string column written without UTF-8 validation (arrow's view of the bytes).
+  problems = pa.array([b"p0", b"p\xff1", b"p2", b"p3"], type=pa.binary()).view(pa.string())
+  table = pa.table({"problem": problems, "answer": ["1", "2", "NaN", "1e400"]})
+  pq.write_table(table, tmp_path / "set.parquet")
+  ds = read_dataset(str(tmp_path / "set.parquet"))
+  assert [(e.problem, e.answer, e.index) for e in ds] == [("p0", "1", 0)]
+  assert ds.bad_rows == (
+    (1, "not valid UTF-8 (byte 0xff in column 'problem')"),
+    (2, "answer is not a finite number ('NaN')"),
+    (3, "answer is not a finite number ('1e400')"),
+  )
+  with pytest.raises(DatasetError, match=r"set\.parquet: row index 1: not valid UTF-8"):
+    read_dataset(str(tmp_path / "set.parquet"), on_bad_row="error")
+  floats = pa.table({"problem": ["a", "b", "c"], "answer": [1.0, float("inf"), float("nan")]})
+  pq.write_table(floats, tmp_path / "floats.parquet")
+  ds = read_dataset(str(tmp_path / "floats.parquet"))
+  assert [e.answer for e in ds] == ["1"] and [i for i, _ in ds.bad_rows] == [1, 2]
 
 
 def test_json_array_with_custom_dotted_fields_and_limit(tmp_path):
