@@ -6,9 +6,12 @@ must serve a normal program right after it within `NEXT_S`. Short limits keep th
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
 import os
 import pathlib
+import platform
 import secrets
 import socket
 import time
@@ -257,6 +260,189 @@ def test_a_batch_of_busy_loops_ends_within_its_wall_bound():
   assert [v.reason for v in result.verdicts] == ["timeout"] * 8
   assert [v.passed for v in result.verdicts] == [0] * 8
   assert elapsed < 3 * (2 * LIMITS.wall_s + NEXT_S), elapsed
+
+
+# ---------------------------------------------------------------------------
+# The kernel's surface, and bounds of the sandbox as a whole.
+
+X86_64 = platform.machine() == "x86_64"
+BOUND_MIB = sandbox_lib.memory_bound(LIMITS) >> 20
+PROC_SYS_WRITE = (
+  "import os\nos.close(os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY))\nprint('writable')"
+)
+PROC_SYS_SWEEP = (
+  "import os\nopened = 0\nfor d, _, files in os.walk('/proc/sys'):\n  for f in files:\n"
+  "    try:\n      os.close(os.open(os.path.join(d, f), os.O_WRONLY))\n      opened += 1\n"
+  "    except OSError:\n      pass\nprint(opened)\n"
+)
+
+
+@pytest.fixture(params=["as_run", "root_in_a_user_namespace"])
+def judge_mode(request, monkeypatch):
+  """The judge as this host runs it, and (on a root x86-64 host) the user-namespace judge
+  that a root host without the syscall filter runs: uid 0 of the host, no capabilities."""
+  if request.param == "root_in_a_user_namespace":
+    if sandbox_lib.judge_user() is None:
+      pytest.skip("the judge runs in a user namespace here anyway")
+    harden = dict(sandbox_lib.hardening(), uid=None, seccomp=None)
+    monkeypatch.setattr(sandbox_lib, "judge_user", lambda: None)
+    monkeypatch.setattr(sandbox_lib, "hardening", lambda: harden)
+  return request.param
+
+
+def test_proc_sys_is_not_writable(judge_mode):
+  verdict, _ = _hostile(PROC_SYS_WRITE, {"inputs": [""], "outputs": ["writable"]})
+  assert verdict.reason == "runtime_error", verdict
+  assert "PermissionError" in verdict.detail or "Read-only" in verdict.detail, verdict
+  sweep = code.run_tests(PROC_SYS_SWEEP, {"inputs": [""], "outputs": ["0"]}, LIMITS)
+  assert sweep.reason == "ok", sweep  # not one /proc/sys file opens for writing
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not X86_64, reason="the judge drops to nobody as root")
+def test_the_judge_runs_as_nobody_without_capabilities():
+  program = (
+    "import os\ndef who():\n  caps = [l.split()[1] for l in open('/proc/self/status')\n"
+    "          if l.startswith(('CapPrm', 'CapEff', 'CapAmb'))]\n"
+    "  return [*os.getresuid(), *os.getresgid(), os.getgroups(), caps]\n"
+  )
+  nobody = sandbox_lib.NOBODY
+  want = [nobody] * 6 + [[], ["0000000000000000"] * 3]
+  tests = {"fn_name": "who", "inputs": [[]], "outputs": [want]}
+  assert code.run_tests(program, tests, LIMITS).reason == "ok"
+
+
+@pytest.fixture
+def planted_key():
+  """A user key in this process's session keyring: (serial, description, payload)."""
+  if not X86_64:
+    pytest.skip("add_key / keyctl system call numbers of x86-64")
+  libc = ctypes.CDLL(None, use_errno=True)
+  desc, payload = f"rlvr-test-{secrets.token_hex(4)}".encode(), secrets.token_hex(8).encode()
+  args = (b"user", desc, payload, ctypes.c_size_t(len(payload)), ctypes.c_long(-3))
+  serial = libc.syscall(ctypes.c_long(248), *args)  # add_key(..., KEY_SPEC_SESSION_KEYRING)
+  assert serial > 0, os.strerror(ctypes.get_errno())
+  yield serial, desc.decode(), payload.decode()
+  libc.syscall(ctypes.c_long(250), ctypes.c_long(21), ctypes.c_long(serial))  # invalidate
+
+
+def test_the_hosts_session_keyring_is_not_the_sandboxs(planted_key, judge_mode):
+  serial, desc, payload = planted_key
+  program = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\ndef steal():\n"
+    "  buf = ctypes.create_string_buffer(64)\n"
+    f"  n = libc.syscall(ctypes.c_long(250), ctypes.c_long(11), ctypes.c_long({serial}), buf, "
+    "ctypes.c_long(64))\n"  # keyctl(KEYCTL_READ, serial, buf, 64)
+    f"  return [buf.raw[:max(n, 0)].decode(), {desc!r} in open('/proc/keys').read()]\n"
+  )
+  stolen = {"fn_name": "steal", "inputs": [[]], "outputs": [[payload, True]]}
+  verdict, _ = _hostile(program, stolen)
+  assert verdict.reason == "wrong_answer", verdict
+  # As nobody the key is not even listed; root in a user namespace may see its description
+  # (the key's owner is uid 0), never its payload.
+  listed = judge_mode != "as_run" or sandbox_lib.judge_user() is None
+  nothing = {"fn_name": "steal", "inputs": [[]], "outputs": [["", listed]]}
+  assert code.run_tests(program, nothing, LIMITS).reason == "ok"
+
+
+MEMFD_HOARD = f"""import os, resource, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+chunk, pinned = b"x" * (512 << 10), 0
+while pinned < {4 * BOUND_MIB} * 2:
+  try:
+    fd = os.memfd_create("hoard")
+  except OSError:  # out of fds: a child carries on with fresh ones, the parent keeps its own
+    if os.fork():
+      time.sleep(60)
+    os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    continue
+  os.write(fd, chunk)
+  pinned += 1
+print(pinned)
+"""
+SHM_HOARD = f"""import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+for _ in range({4 * BOUND_MIB} // 32):
+  shmid = libc.shmget(0, 32 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+  addr = libc.shmat(shmid, None, 0)
+  ctypes.memset(addr, 1, 32 << 20)
+  libc.shmdt(ctypes.c_void_p(addr))  # the segment stays, out of the address space
+print("pinned")
+"""
+
+
+@pytest.mark.skipif(
+  "memory" not in sandbox_lib.cgroup_bases(), reason="no writable memory cgroup here"
+)
+@pytest.mark.parametrize("program", [MEMFD_HOARD, SHM_HOARD], ids=["memfd", "sysv_shm"])
+def test_memory_outside_the_address_space_is_bounded(program):
+  """Four times the run's memory bound, in memfd files or System V shared memory (neither
+  counts in RLIMIT_AS): the run never holds more than its bound, and the program is killed
+  (by the kernel at the bound, or at the wall limit while the kernel reclaims)."""
+  tests = code.parse_tests({"inputs": [""], "outputs": ["pinned"]})
+  with sandbox_lib.Run(tests.job(program, LIMITS), LIMITS, "bwrap") as run:
+    msgs = list(run.messages(time.monotonic() + 30))
+    peak = run.memory_peak()
+  assert not any(m.get("status") == "ok" for m in msgs), msgs
+  assert 0 < peak <= BOUND_MIB << 20, peak
+  verdict, _ = _hostile(program, tests)
+  assert verdict.reason in ("memory", "timeout"), verdict
+
+
+def test_shared_memory_does_not_outlive_its_case():
+  program = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "print('fresh' if libc.shmget(0x5EED, 4096, 0o3600) >= 0 else 'left over')\n"
+  )  # IPC_CREAT | IPC_EXCL: fails where an earlier case's segment is left
+  tests = {"inputs": ["", ""], "outputs": ["fresh", "fresh"]}
+  assert code.run_tests(program, tests, LIMITS) == code.Verdict(2, 2, "ok")
+
+
+def test_the_tmpfs_holds_file_bytes_in_all():
+  program = (
+    "for i in range(8):\n  open(f'f{i}', 'wb').write(b'z' * (%d // 2))\nprint(4)\n"
+    % LIMITS.file_bytes
+  )  # each file under RLIMIT_FSIZE, four times the tmpfs in all
+  verdict, _ = _hostile(program, {"inputs": [""], "outputs": ["4"]})
+  assert verdict.reason == "output_limit" and "No space" in verdict.detail, verdict
+
+
+@pytest.mark.skipif(not X86_64, reason="the syscall filter is built for x86-64")
+def test_the_syscall_filter_refuses_what_no_judge_needs():
+  program = """import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+CALLS = {
+  "ptrace": (101, 0, 0, 0, 0),  # PTRACE_TRACEME
+  "unshare": (272, 0x10000000),  # CLONE_NEWUSER
+  "setns": (308, 0, 0),
+  "mount": (165, 0, 0, 0, 0, 0),
+  "keyctl": (250, 0, -3, 0),  # KEYCTL_GET_KEYRING_ID
+  "bpf": (321, 0, 0, 0),
+  "perf_event_open": (298, 0, 0, -1, -1, 0),
+  "userfaultfd": (323, 0),
+  "io_uring_setup": (425, 1, 0),
+  "clone3": (435, 0, 0),
+}
+def probe():
+  out = {}
+  for name, (nr, *args) in CALLS.items():
+    ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    out[name] = ctypes.get_errno() if ret == -1 else "allowed"
+  box = []
+  t = threading.Thread(target=box.append, args=("thread",))
+  t.start()
+  t.join()
+  out["thread"] = box[0]
+  out["subprocess"] = subprocess.run(["/bin/echo", "child"], capture_output=True).stdout.decode()
+  return out
+"""
+  want = {name: errno.EPERM for name in ("ptrace", "unshare", "setns", "mount", "keyctl", "bpf")}
+  want |= {"perf_event_open": errno.EPERM, "userfaultfd": errno.EPERM}
+  want |= {"io_uring_setup": errno.EPERM, "clone3": errno.ENOSYS}
+  want |= {"thread": "thread", "subprocess": "child\n"}
+  tests = {"fn_name": "probe", "inputs": [[]], "outputs": [want]}
+  verdict = code.run_tests(program, tests, LIMITS)
+  assert verdict.reason == "ok", verdict
 
 
 # ---------------------------------------------------------------------------

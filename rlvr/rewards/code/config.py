@@ -17,6 +17,7 @@ REASONS = (
   "output_limit",
   "no_code",
   "sandbox_error",
+  "judge_error",
 )
 SANDBOXES = ("bwrap", "none")
 CODE_EXTRACTIONS = ("last_block", "whole")

@@ -31,6 +31,10 @@ import time
 _RESULT_FD = 3
 _MAX_FD = 1024
 _POLL_S = 0.01
+_MAX_DEPTH = 100  # a returned value nested deeper is not judged (the host parses every line)
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_IPC_RMID = 0
 
 
 def _write_all(fd, data):
@@ -68,6 +72,62 @@ def _non_dumpable():
 
   if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
     raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _harden(harden):
+  """A fresh session keyring, then the unprivileged uid, then the syscall filter (each step
+  needs what the next one takes away); what the host asked for in `harden`."""
+  import ctypes
+
+  libc = ctypes.CDLL(None, use_errno=True)
+  if harden.get("keyctl") is not None:
+    nr, op = ctypes.c_long(harden["keyctl"]), ctypes.c_long(_KEYCTL_JOIN_SESSION_KEYRING)
+    if libc.syscall(nr, op, ctypes.c_void_p(None)) < 0:  # a new anonymous session keyring
+      raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING) failed")
+  uid = harden.get("uid")
+  if uid is not None and os.getuid() == 0:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # clears every capability
+    if 0 in os.getresuid() or 0 in os.getresgid():
+      raise OSError(errno.EPERM, f"could not drop to uid {uid}")
+  if harden.get("seccomp"):
+    program = bytes.fromhex(harden["seccomp"])
+
+    class SockFprog(ctypes.Structure):
+      _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    fprog = SockFprog(len(program) // 8, program)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+      raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+      raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def _remove_shared_memory():
+  """Removes every System V shared memory segment of the sandbox's own IPC namespace (a
+  segment outlives the processes that made it)."""
+  import ctypes
+
+  try:
+    rows = open("/proc/sysvipc/shm").read().splitlines()[1:]
+  except OSError:
+    return
+  libc = ctypes.CDLL(None, use_errno=True)
+  for row in rows:
+    libc.shmctl(int(row.split()[1]), _IPC_RMID, None)
+
+
+def _too_deep(value):
+  """Whether a JSON value nests lists and dicts more than `_MAX_DEPTH` levels."""
+  stack = [(value, 1)]
+  while stack:
+    value, depth = stack.pop()
+    if isinstance(value, (list, dict)):
+      if depth > _MAX_DEPTH:
+        return True
+      stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+  return False
 
 
 # ---------------------------------------------------------------------------
@@ -251,6 +311,8 @@ def _last_result(data):
         msg = json.loads(line)
       except ValueError:
         return None
+      except RecursionError:
+        return {"status": "judge_error", "detail": "a result nested too deep to read"}
       return msg if isinstance(msg, dict) else None
   return None
 
@@ -294,6 +356,8 @@ def _run_one(job, index, case, in_namespace):
     if child in statuses and not ready:
       break  # exited and its pipes are drained
   _kill_rest(child, statuses, in_namespace)
+  if in_namespace:  # the sandbox's own IPC namespace
+    _remove_shared_memory()
   for fd in (out_r, res_r):
     os.close(fd)
   status, cpu_s = statuses[child]
@@ -305,6 +369,9 @@ def _run_one(job, index, case, in_namespace):
   elif verdict[0] == "ok" and job["kind"] == "call":
     result = _last_result(bytes(bufs[res_r]))
     msg["value"] = result.get("value") if result else None
+    if _too_deep(msg["value"]):
+      msg = {"case": index, "status": "judge_error"}
+      msg["detail"] = f"the returned value nests deeper than {_MAX_DEPTH} levels"
   return msg
 
 
@@ -313,6 +380,7 @@ def main():
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   _non_dumpable()
   job = json.loads(_read_fd(0))
+  _harden(job.get("harden") or {})
   null = os.open(os.devnull, os.O_RDONLY)
   os.dup2(null, 0)
   os.close(null)

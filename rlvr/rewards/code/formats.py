@@ -78,7 +78,7 @@ class TestSpec:
     """(passed, reason, detail) of the judge's message on case `index`."""
     status = msg.get("status")
     if status != "ok":
-      known = ("wrong_answer", "timeout", "memory", "runtime_error", "output_limit")
+      known = ("wrong_answer", "timeout", "memory", "runtime_error", "output_limit", "judge_error")
       return False, status if status in known else "runtime_error", str(msg.get("detail", ""))
     if self.kind == "assert":
       return True, "ok", ""
@@ -93,7 +93,10 @@ class TestSpec:
 
 
 def _short(value, n: int = 80) -> str:
-  text = repr(value)
+  try:
+    text = repr(value)
+  except (RecursionError, ValueError):  # nested too deep; an int with too many digits
+    return f"<a {type(value).__name__} too large to show>"
   return text if len(text) <= n else text[:n] + "..."
 
 
@@ -153,6 +156,14 @@ def _close(a: float, b: float, tol: float) -> bool:
   return a == b or (tol > 0 and math.isclose(a, b, rel_tol=tol, abs_tol=tol))
 
 
+def _numbers_close(a: int | float, b: int | float, tol: float) -> bool:
+  """Two JSON numbers within `tol`; an int too large for a float compares exactly."""
+  try:
+    return _close(float(a), float(b), tol)
+  except OverflowError:
+    return a == b
+
+
 def _token_match(a: str, b: str, tol: float) -> bool:
   if a == b:
     return True
@@ -178,7 +189,7 @@ def _value_eq(a, b, tol: float) -> bool:
   if isinstance(a, bool) or isinstance(b, bool):
     return type(a) is type(b) and a == b
   if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-    return _close(float(a), float(b), tol) if tol > 0 else a == b
+    return _numbers_close(a, b, tol) if tol > 0 else a == b
   if isinstance(a, list) and isinstance(b, list):
     return len(a) == len(b) and all(_value_eq(x, y, tol) for x, y in zip(a, b))
   if isinstance(a, dict) and isinstance(b, dict):

@@ -25,6 +25,7 @@ _ENDS = {
   "bad": ("runtime_error", "the judge's report was malformed"),
   "eof": ("runtime_error", "the judge ended before the last test"),
   "done": ("runtime_error", "the judge reported fewer tests than it was given"),
+  "deep": ("judge_error", "a report line nested too deep to read"),
 }
 
 
@@ -55,18 +56,30 @@ def run_tests(
       if msg.get("case") != seen:
         run.end = "bad"
         break
-      ok, reason, detail = spec.judge(seen, msg, float_tol)
+      ok, reason, detail = _judge_case(spec, seen, msg, float_tol)
       seen += 1
       passed += ok
       if not ok and failure is None:
         failure = (reason, f"test {seen - 1}: {detail}")
         if stop_early:
           break
-  if failure is None and seen < spec.total:
-    failure = _unfinished(run)
+    if failure is None and seen < spec.total:
+      failure = _unfinished(run)
+    if failure is not None and failure[0] == "runtime_error" and run.oom_kills():
+      bound = sandbox_lib.memory_bound(limits) >> 20
+      failure = ("memory", f"{failure[1]} (the run reached its memory bound, {bound} MiB)")
   if failure is None:
     return Verdict(passed, spec.total, "ok")
   return Verdict(passed, spec.total, failure[0], failure[1][:500])
+
+
+def _judge_case(spec: TestSpec, index: int, msg: dict, float_tol: float) -> tuple[bool, str, str]:
+  """`spec.judge`, where a result the host cannot compare (too deep, too large) fails the
+  case as "judge_error" instead of raising."""
+  try:
+    return spec.judge(index, msg, float_tol)
+  except Exception as e:  # noqa: BLE001 - whatever the response returned, it is one verdict
+    return False, "judge_error", f"{type(e).__name__}: {str(e)[:200]}"
 
 
 def _unfinished(run: sandbox_lib.Run) -> tuple[str, str]:
@@ -93,30 +106,38 @@ def score(
     )
   specs = [parse_tests(t) for t in tests_list]
   sandbox_lib.check_sandbox(cfg.sandbox)
-  programs = [extract_program(r, cfg.extraction) for r in responses]
 
-  def one(args: tuple[str | None, TestSpec]) -> Verdict:
-    return run_tests(
-      args[0],
-      args[1],
-      cfg.limits,
-      sandbox=cfg.sandbox,
-      float_tol=cfg.float_tol,
-      stop_early=not cfg.pass_fraction,
-    )
+  def one(args: tuple[str, TestSpec]) -> Verdict:
+    response, spec = args
+    try:
+      return run_tests(
+        extract_program(response, cfg.extraction),
+        spec,
+        cfg.limits,
+        sandbox=cfg.sandbox,
+        float_tol=cfg.float_tol,
+        stop_early=not cfg.pass_fraction,
+      )
+    except Exception as e:  # noqa: BLE001 - nothing one response holds ends the batch
+      host = isinstance(e, (OSError, sandbox_lib.CodeSandboxError))  # could not run it
+      reason = "sandbox_error" if host else "judge_error"
+      _LOG.warning("code reward: a response scored 0 (%s)", reason, exc_info=True)
+      return Verdict(0, spec.total, reason, f"{type(e).__name__}: {str(e)[:300]}")
 
   with concurrent.futures.ThreadPoolExecutor(cfg.workers, "rlvr-code") as pool:
-    verdicts = list(pool.map(one, zip(programs, specs)))
+    verdicts = list(pool.map(one, zip(responses, specs)))
   correct = np.array([v.reason == "ok" for v in verdicts], bool)
   if cfg.pass_fraction:
     rewards = np.array([v.passed / v.total for v in verdicts], np.float32)
   else:
     rewards = correct.astype(np.float32)
   reasons = dict(collections.Counter(v.reason for v in verdicts))
-  if reasons.get("sandbox_error"):
-    _LOG.warning(
-      "code reward: %d of %d runs failed in the sandbox itself (scored 0)",
-      reasons["sandbox_error"],
-      len(verdicts),
-    )
+  for reason, where in (
+    ("sandbox_error", "in the sandbox itself"),
+    ("judge_error", "to be judged"),
+  ):
+    if reasons.get(reason):
+      _LOG.warning(
+        "code reward: %d of %d runs failed %s (scored 0)", reasons[reason], len(verdicts), where
+      )
   return CodeScore(rewards=rewards, correct=correct, verdicts=verdicts, reasons=reasons)
