@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
+import ctypes.util
+import gc
 import json
 import os
+import resource
 import shutil
 import tempfile
 
@@ -24,6 +28,53 @@ jax.config.update("jax_num_cpu_devices", 8)
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlvr-tests-xla-cache-")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+# ---------------------------------------------------------------------------
+# Memory: one pytest process runs every module, so what a module compiled or allocated
+# is released when it ends, and the session ends with the figures for the README.
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+_MODULE_RSS: list[tuple[float, float, str]] = []  # (RSS after, peak so far, module) in GiB
+_GIB = float(1 << 30)
+
+
+def _rss_gib() -> float:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / _GIB
+
+
+def _peak_gib(who: int = resource.RUSAGE_SELF) -> float:
+  return resource.getrusage(who).ru_maxrss * 1024 / _GIB  # Linux reports KiB
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_module_memory(request):
+  """After each module (and its module fixtures): drop JAX's compiled programs and traces,
+  collect, and hand freed heap back to the OS (glibc keeps it otherwise)."""
+  yield
+  jax.clear_caches()
+  gc.collect()
+  _LIBC.malloc_trim(0)
+  _MODULE_RSS.append((_rss_gib(), _peak_gib(), request.module.__name__))
+
+
+def pytest_terminal_summary(terminalreporter):
+  if not _MODULE_RSS:
+    return
+  tr = terminalreporter
+  tr.section("memory")
+  tr.write_line(
+    f"pytest process: peak RSS {_peak_gib():.2f} GiB; largest child process (vLLM server, "
+    f"launch.* runs, sandboxes) {_peak_gib(resource.RUSAGE_CHILDREN):.2f} GiB"
+  )
+  grew, last = [], 0.0
+  for rss, peak, name in _MODULE_RSS:
+    grew.append((peak - last, rss, peak, name))
+    last = peak
+  for step, rss, peak, name in sorted(grew, reverse=True)[:5]:
+    if step > 0:
+      tr.write_line(f"  {name}: peak {peak:.2f} GiB (+{step:.2f}), {rss:.2f} GiB after it")
+
 
 LLAMA3_SCALING = dict(
   factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
