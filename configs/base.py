@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from rlvr import data, datasets, experiment, learner, loop, settings, shaping
+from rlvr import data, datasets, experiment, learner, loop, metrics, settings, shaping
 from rlvr.methods import qbq as qbq_method
 from rlvr.rewards import RewardConfig
 from rlvr.sampling.config import SamplerConfig
@@ -59,6 +59,17 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.eval = settings.section(experiment.EvalSection)  # before / after RL, every N steps
   c.checkpoint = settings.section(experiment.CheckpointConfig)
+  # Where metrics go besides workdir/metrics.jsonl (always written); docs/tracking.md.
+  c.logging = settings.section(metrics.LoggingConfig)
+  # logging.tensorboard: event files under workdir/tensorboard (default True)
+  # logging.wandb: also log to Weights & Biases, pip install wandb (default False)
+  # logging.wandb_project: the wandb project (default "rlvr")
+  # logging.wandb_entity: team or user ("" = wandb's default)
+  # logging.wandb_name: the run's display name ("" = the work dir's name)
+  # logging.wandb_tags: comma-separated tags (default none)
+  # logging.wandb_mode: online | offline | disabled ("" = $WANDB_MODE, else online)
+  # logging.wandb_dir: where wandb keeps its files ("" = $WANDB_DIR, else the work dir);
+  # the run's id is kept in workdir/wandb_run_id, so a rerun continues the same wandb run
   return c
 
 

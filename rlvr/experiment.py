@@ -1,9 +1,9 @@
 """The run-level sections of an experiment config, and every check made before a run starts.
 
 The library's own dataclasses (`learner.LearnerConfig`, `loop.RLConfig`,
-`datasets.DataConfig`, `sampling.config.SamplerConfig`, ...) hold their sections'
-defaults; this module holds the sections that belong to a run as a whole (model,
-SFT, evaluation, checkpoints). `check(cfg)` freezes every section, so each field's
+`datasets.DataConfig`, `sampling.config.SamplerConfig`, `metrics.LoggingConfig`, ...) hold
+their sections' defaults; this module holds the sections that belong to a run as a whole
+(model, SFT, evaluation, checkpoints). `check(cfg)` freezes every section, so each field's
 range is checked by its dataclass, then checks the rules that span sections; it runs
 before anything is built or trained, and each error is one line naming the fields.
 """
@@ -15,7 +15,7 @@ import os
 
 import jax
 
-from rlvr import datasets, evaluation, learner, loop, settings, shaping
+from rlvr import datasets, evaluation, learner, loop, metrics, settings, shaping
 from rlvr.rewards import RewardConfig
 from rlvr.sampling.config import SamplerConfig
 
@@ -78,6 +78,7 @@ SECTIONS = {
   "shaping": shaping.ShapingConfig,
   "eval": EvalSection,
   "checkpoint": CheckpointConfig,
+  "logging": metrics.LoggingConfig,
 }
 
 
@@ -95,6 +96,7 @@ class Settings:
   shaping: shaping.ShapingConfig
   eval: EvalSection
   checkpoint: CheckpointConfig
+  logging: metrics.LoggingConfig
 
 
 def _section(cfg, dotted: str):
@@ -131,6 +133,8 @@ def check(cfg) -> Settings:
       f"rl.loop.pack_min_rows: {rl.pack_min_rows} packed rows do not split by "
       f"{split} (rl.learner.micro_batch_rows, or micro_batches); use a multiple"
     )
+  if s.logging.wandb and s.logging.wandb_mode != "disabled":
+    metrics.import_wandb()  # a missing package stops the run here, before SFT
   return s
 
 

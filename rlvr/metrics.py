@@ -1,4 +1,4 @@
-"""Evaluation maths (pass@k, solve rates) and metric writers (jsonl, TensorBoard, plots)."""
+"""Evaluation maths (pass@k, solve rates) and metric writers (jsonl, TensorBoard, wandb, plots)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import dataclasses
 import json
 import math
 import os
+import secrets
+import string
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -42,8 +44,94 @@ def group_stats(correct_gn: np.ndarray) -> dict[str, float]:
   }
 
 
+WANDB_MODES = ("online", "offline", "disabled")
+WANDB_RUN_ID = "wandb_run_id"  # file in the work dir: the wandb run a rerun continues
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+  """Where a run's metrics go besides metrics.jsonl, which is always written (docs/tracking.md)."""
+
+  tensorboard: bool = True  # TensorBoard event files under workdir/tensorboard
+  wandb: bool = False  # also log to Weights & Biases (pip install wandb)
+  wandb_project: str = "rlvr"
+  wandb_entity: str = ""  # team or user; "" = wandb's default
+  wandb_name: str = ""  # the run's display name; "" = the work dir's name
+  wandb_tags: tuple[str, ...] = ()
+  wandb_mode: str = ""  # online | offline | disabled; "" = $WANDB_MODE, else online
+  wandb_dir: str = ""  # where wandb keeps its files; "" = $WANDB_DIR, else the work dir
+
+  def __post_init__(self):
+    if self.wandb_mode and self.wandb_mode not in WANDB_MODES:
+      raise ValueError(
+        f"wandb_mode: unknown {self.wandb_mode!r}; expected one of {', '.join(WANDB_MODES)} "
+        "(or empty for $WANDB_MODE)"
+      )
+
+
+def import_wandb():
+  """The wandb module; a missing package is a one-line error saying how to install it."""
+  try:
+    import wandb
+  except ImportError:
+    raise ValueError(
+      "logging.wandb: the wandb package is not installed; pip install wandb "
+      "(or pip install -e '.[tracking]'), or leave logging.wandb False"
+    ) from None
+  return wandb
+
+
+def wandb_run_id(workdir: str) -> str:
+  """The id of the work dir's wandb run, made and kept in workdir/wandb_run_id on first use,
+  so a resumed run logs into the same wandb run."""
+  path = os.path.join(workdir, WANDB_RUN_ID)
+  if os.path.exists(path):
+    with open(path) as f:
+      run_id = f.read().strip()
+    if run_id:
+      return run_id
+  alphabet = string.ascii_lowercase + string.digits
+  run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+  with fileio.atomic_open(path) as f:
+    f.write(run_id + "\n")
+  return run_id
+
+
+class WandbTracker:
+  """One wandb run per work dir: the resolved config, then each metrics row against its RL step.
+
+  Rows are plotted against their `step` key (wandb's own step only counts calls), so the
+  steps a resumed run logs again after its last checkpoint do not have to be greater
+  than the ones logged before the stop.
+  """
+
+  def __init__(self, cfg: LoggingConfig, workdir: str, config: Mapping[str, Any] | None = None):
+    wandb = import_wandb()
+    self.run = wandb.init(
+      project=cfg.wandb_project,
+      entity=cfg.wandb_entity or None,
+      name=cfg.wandb_name or os.path.basename(os.path.normpath(workdir)),
+      tags=list(cfg.wandb_tags) or None,
+      config=dict(config) if config is not None else None,
+      dir=cfg.wandb_dir or os.environ.get("WANDB_DIR") or workdir,
+      mode=cfg.wandb_mode or None,
+      id=wandb_run_id(workdir),
+      resume="allow",
+    )
+    self.run.define_metric("step")
+    self.run.define_metric("*", step_metric="step")
+
+  def log(self, row: Mapping[str, Any]) -> None:
+    self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
+
+  def close(self) -> None:
+    self.run.finish()
+
+
 class MetricsWriter:
-  """Appends one JSON object per step to metrics.jsonl and mirrors scalars to TensorBoard.
+  """Appends one JSON object per step to metrics.jsonl and mirrors scalars to TensorBoard,
+  and to wandb with `logging.wandb` (`LoggingConfig`; `config`: what the wandb run records
+  as its config).
 
   Reopening an existing file after a resume drops rows at or past `resume_step`
   so the file stays one row per step.
@@ -55,19 +143,24 @@ class MetricsWriter:
     resume_step: int | None = None,
     tensorboard: bool = True,
     enabled: bool = True,
+    logging: LoggingConfig | None = None,
+    config: Mapping[str, Any] | None = None,
   ):
     self.enabled = enabled
     if not enabled:  # multi-host: the processes other than 0 write nothing
       return
+    logging = logging or LoggingConfig()
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     if resume_step is not None and os.path.exists(self.path):
       kept = [r for r in read_jsonl(self.path) if r.get("step", -1) < resume_step]
       with open(self.path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
+    self._tb = self._wandb = None
+    if logging.wandb:
+      self._wandb = WandbTracker(logging, workdir, config)
     self._f = open(self.path, "a")
-    self._tb = None
-    if tensorboard:
+    if tensorboard and logging.tensorboard:
       try:
         from tensorboardX import SummaryWriter
 
@@ -87,6 +180,8 @@ class MetricsWriter:
         if isinstance(v, (int, float)) and k != "step":
           self._tb.add_scalar(k, v, step)
       self._tb.flush()
+    if self._wandb is not None:
+      self._wandb.log(row)
 
   def close(self) -> None:
     if not self.enabled:
@@ -94,6 +189,8 @@ class MetricsWriter:
     self._f.close()
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      self._wandb.close()
 
 
 def _jsonable(v):
