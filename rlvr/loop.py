@@ -241,6 +241,7 @@ class StepEnv:
     self.prompts_too_long = 0
     self.shaping_sums: dict[str, float] = {}
     self.shaped = 0
+    self.verdicts: dict[str, int] = {}  # a verifier's `counts` (responses per verdict), summed
     self.reported: tuple[list[Group], list[Group], int] | None = None
 
   def fork(self) -> "StepEnv":
@@ -269,6 +270,8 @@ class StepEnv:
     t = time.perf_counter()
     out = self._score_fn(texts, golds)
     self.time_score += time.perf_counter() - t
+    for k, v in getattr(out, "counts", {}).items():
+      self.verdicts[k] = self.verdicts.get(k, 0) + v
     return out
 
   def fits(self, prompts: Sequence[Prompt]) -> list[Prompt]:
@@ -405,6 +408,7 @@ def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
     {
       "prompts_too_long": env.prompts_too_long,
       **{k: v / max(env.shaped, 1) for k, v in env.shaping_sums.items()},
+      **{f"verdict_{k}": v for k, v in env.verdicts.items()},
       "time_sample": env.time_sample,
       "time_score": env.time_score,
     }

@@ -62,7 +62,8 @@ def normalize_integer(s: str) -> str | None:
   t = re.sub(r"\.0+$", "", t).lstrip("+")
   if not _INTEGER_RE.match(t):
     return None
-  return str(int(t))
+  digits = t.lstrip("+-").lstrip("0")  # no int(): a 5000-digit answer is still an integer
+  return ("-" + digits if t.startswith("-") else digits) if digits else "0"
 
 
 _UNIT_WORDS = (

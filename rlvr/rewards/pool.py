@@ -26,6 +26,7 @@ from rlvr.rewards.config import RewardConfig, ScoreResult
 from rlvr.rewards.equivalence import _quick_verdict, is_equivalent, is_well_formed
 from rlvr.rewards.extraction import extract_answer
 
+_LOG = logging.getLogger(__name__)
 # Worker -> parent status codes.
 _WRONG, _RIGHT, _TIMEOUT, _ERROR = 0, 1, 2, 3
 # A worker gets this long to import math-verify (spawn start, loaded machine) before its first item.
@@ -186,19 +187,25 @@ class RewardPool:
   ) -> ScoreResult:
     """Rewards of `responses` against reference `answers` (same length)."""
     golds = _check_inputs(responses, answers)
-    extracted = [extract_answer(r, config.extraction) for r in responses]
-    well_formed = np.array([is_well_formed(e, config.integer_answers) for e in extracted], bool)
-    correct = np.zeros(len(responses), bool)
-    failed = np.zeros(len(responses), bool)
+    n = len(responses)
+    extracted, well_formed = [None] * n, np.zeros(n, bool)
+    correct, failed = np.zeros(n, bool), np.zeros(n, bool)
     # Identical (answer, gold) pairs (common within a GRPO group) are judged once.
     jobs: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
-    for i, (pred, gold) in enumerate(zip(extracted, golds)):
-      quick = _quick_verdict(pred, gold, config.integer_answers)
+    for i, (response, gold) in enumerate(zip(responses, golds)):
+      try:
+        pred = extracted[i] = extract_answer(response, config.extraction)
+        well_formed[i] = is_well_formed(pred, config.integer_answers)
+        quick = _quick_verdict(pred, gold, config.integer_answers)
+      except Exception:  # noqa: BLE001 - a response the parent cannot read scores 0, counted
+        _LOG.warning("reward: response %d could not be read (scored 0)", i, exc_info=True)
+        well_formed[i], failed[i] = False, True
+        continue
       if quick is None:
         jobs[(pred, gold)].append(i)
       else:
         correct[i] = quick
-    timeouts = errors = 0
+    timeouts, errors = 0, int(failed.sum())
     if jobs:
       statuses = self._run(list(jobs), config)
       for key, status in statuses.items():

@@ -4,7 +4,8 @@
 answers against reference answers, math-verify in a `RewardPool`) or "code" (programs against
 tests in the sandbox, `rlvr.rewards.code`). Every verifier gives
 
-- `score(texts, golds) -> (rewards, correct)`, what training calls;
+- `score(texts, golds) -> (rewards, correct)`, what training calls, a `Scored` whose `counts`
+  say how many responses ended with each verdict (the step's `verdict_<reason>` metrics);
 - `judge(texts, golds) -> (rewards, correct, notes)`, the same plus one dict per response
   that evaluation writes into its samples file (a program's verdict and reason);
 - `well_formed(text)`: the response states something that can be checked (QbQ's format bonus);
@@ -13,12 +14,16 @@ tests in the sandbox, `rlvr.rewards.code`). Every verifier gives
   parse), else a ValueError naming the bad rows.
 
 A verifier is opened before any model is built, so a missing sandbox is an error at start-up.
+Nothing a response holds raises out of `score`, `judge` or `well_formed`: a response that
+cannot be judged scores 0 with its own verdict (`judge_error`; math: counted in
+`verdict_judge_error`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from typing import Callable, Iterator, Protocol, Sequence
 
 from rlvr.rewards import code as code_lib
@@ -28,6 +33,27 @@ from rlvr.rewards.extraction import extract_answer
 from rlvr.rewards.pool import RewardPool
 
 _SHOWN = 5
+_LOG = logging.getLogger(__name__)
+
+
+class Scored(tuple):
+  """(rewards, correct), as training unpacks it, with `counts`: verdict -> responses."""
+
+  counts: dict
+
+  def __new__(cls, rewards, correct, counts: dict) -> Scored:
+    out = super().__new__(cls, (rewards, correct))
+    out.counts = dict(counts)
+    return out
+
+
+def _well_formed(check: Callable[[str], bool], text: str) -> bool:
+  """check(text), False where the text makes it raise (shaping must not stop a run)."""
+  try:
+    return bool(check(text))
+  except Exception:  # noqa: BLE001 - an unreadable response states nothing
+    _LOG.warning("reward: well_formed could not read a response", exc_info=True)
+    return False
 
 
 class Verifier(Protocol):
@@ -57,10 +83,14 @@ class MathVerifier:
     return res.rewards, res.correct, [{"extracted": e} for e in res.extracted]
 
   def score(self, texts, golds):
-    return self.judge(texts, golds)[:2]
+    res = self.pool.score(texts, golds, self.cfg)
+    return Scored(res.rewards, res.correct, {"timeout": res.timeouts, "judge_error": res.errors})
 
   def well_formed(self, text: str) -> bool:
-    return is_well_formed(extract_answer(text, self.cfg.extraction), self.cfg.integer_answers)
+    return _well_formed(
+      lambda t: is_well_formed(extract_answer(t, self.cfg.extraction), self.cfg.integer_answers),
+      text,
+    )
 
   def for_eval(self) -> MathVerifier:
     return MathVerifier(dataclasses.replace(self.cfg, integer_answers=False), self.pool)
@@ -85,10 +115,13 @@ class CodeVerifier:
     return res.rewards, res.correct, notes
 
   def score(self, texts, golds):
-    return self.judge(texts, golds)[:2]
+    res = code_lib.score(texts, golds, self.cfg.code)
+    return Scored(res.rewards, res.correct, {r: res.reasons.get(r, 0) for r in code_lib.REASONS})
 
   def well_formed(self, text: str) -> bool:
-    return code_lib.extract_program(text, self.cfg.code.extraction) is not None
+    return _well_formed(
+      lambda t: code_lib.extract_program(t, self.cfg.code.extraction) is not None, text
+    )
 
   def for_eval(self) -> CodeVerifier:
     return self
