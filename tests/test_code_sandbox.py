@@ -13,6 +13,7 @@ import os
 import pathlib
 import platform
 import secrets
+import shutil
 import socket
 import time
 
@@ -284,9 +285,8 @@ def judge_mode(request, monkeypatch):
   if request.param == "root_in_a_user_namespace":
     if sandbox_lib.judge_user() is None:
       pytest.skip("the judge runs in a user namespace here anyway")
-    harden = dict(sandbox_lib.hardening(), uid=None, seccomp=None)
     monkeypatch.setattr(sandbox_lib, "judge_user", lambda: None)
-    monkeypatch.setattr(sandbox_lib, "hardening", lambda: harden)
+    monkeypatch.setattr(sandbox_lib, "syscall_filter", lambda: None)
   return request.param
 
 
@@ -545,12 +545,15 @@ def test_pass_fraction():
 def unprobed():
   """The sandbox probe forgotten for one test (and restored after it)."""
   checked, warned = dict(sandbox_lib._checked), list(sandbox_lib._warned)
+  uid = list(sandbox_lib._judge_uid)
   sandbox_lib._checked.clear()
   sandbox_lib._warned.clear()
+  sandbox_lib._judge_uid.clear()
   yield
   sandbox_lib._checked.clear()
   sandbox_lib._checked.update(checked)
   sandbox_lib._warned[:] = warned
+  sandbox_lib._judge_uid[:] = uid
 
 
 def test_missing_bwrap_is_an_error(monkeypatch, tmp_path, unprobed):
@@ -569,6 +572,28 @@ def test_broken_bwrap_is_an_error(monkeypatch, tmp_path, unprobed):
   monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
   with pytest.raises(code.CodeSandboxError, match="does not work here.*No permissions"):
     code.check_sandbox()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not X86_64, reason="the judge drops to nobody as root")
+def test_bwrap_that_cannot_run_as_real_root_keeps_a_user_namespace(
+  monkeypatch, tmp_path, unprobed, caplog
+):
+  """bubblewrap in a container without CAP_SYS_ADMIN: the real one behind a gate that refuses
+  to run it without a user namespace, first on PATH."""
+  gate = tmp_path / "bwrap"
+  gate.write_text(
+    '#!/bin/sh\ncase " $* " in *" --unshare-user "*) exec %s "$@";; esac\n'
+    "echo 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n"
+    % shutil.which("bwrap")
+  )
+  gate.chmod(0o755)
+  monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+  with caplog.at_level(logging.WARNING, logger="rlvr.rewards.code.sandbox"):
+    code.check_sandbox()
+  assert "cannot run as real root" in caplog.text and sandbox_lib.judge_user() is None
+  tests = {"fn_name": "uid", "inputs": [[]], "outputs": [0]}
+  program = "import os\ndef uid():\n  return os.getuid()\n"
+  assert code.run_tests(program, tests, LIMITS).reason == "ok"  # uid 0 of a user namespace
 
 
 def test_unsandboxed_only_by_choice_with_a_warning(caplog, unprobed):

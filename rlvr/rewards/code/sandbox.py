@@ -15,8 +15,9 @@ without a user namespace, keeping only CAP_SETUID and CAP_SETGID, and the judge 
 uid and gid 65534 (`NOBODY`) before it reads a program: every file of the host the sandbox
 can reach is then the host's nobody's to touch. That needs the syscall filter (below) to
 refuse new user namespaces (bubblewrap's --disable-userns needs a user namespace of its own),
-so without the filter (not x86-64) a root host keeps the user namespace whose uid 0 is the
-host's root, without capabilities (logged). A non-root host runs bubblewrap in a user
+so without the filter (not x86-64), or where bubblewrap cannot run as real root (a container
+without CAP_SYS_ADMIN: `check_sandbox`'s probe finds it), a root host keeps the user
+namespace whose uid 0 is the host's root, without capabilities (logged). A non-root host runs bubblewrap in a user
 namespace as itself (--disable-userns).
 
 Before any program runs the judge also joins a fresh anonymous session keyring (the host's
@@ -232,6 +233,7 @@ _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 
 
+@functools.cache
 def syscall_filter() -> bytes | None:
   """The judge's seccomp filter, a classic BPF program (struct sock_filter[]), or None when
   this machine is not x86-64 (the system call numbers above are x86-64's).
@@ -270,24 +272,22 @@ def syscall_filter() -> bytes | None:
   return b"".join(out)
 
 
-@functools.cache
+_judge_uid: list = []  # [uid or None] where the start-up probe decided otherwise
+
+
 def judge_user() -> int | None:
   """The uid (and gid) the judge drops to: `NOBODY` when the host runs as root and the syscall
-  filter exists here (it is what refuses new user namespaces there), else None."""
+  filter exists here (it is what refuses new user namespaces there), else None; None too
+  where bubblewrap cannot run as real root (no CAP_SYS_ADMIN), found by `check_sandbox`."""
+  if _judge_uid:
+    return _judge_uid[0]
   return NOBODY if os.geteuid() == 0 and syscall_filter() is not None else None
 
 
-@functools.cache
 def hardening() -> dict:
   """What the sandboxed judge does first (`driver._harden`): join a fresh session keyring
   (`keyctl`: the system call number), drop to `uid`, install the `seccomp` filter (hex)."""
   bpf = syscall_filter()
-  if bpf is None:
-    _LOG.warning(
-      "code sandbox: no system call filter on %s (it is built for x86-64); as root the judge "
-      "keeps the host's uid 0 in a user namespace",
-      platform.machine(),
-    )
   return {
     "keyctl": _KEYCTL_NR.get(platform.machine()),
     "uid": judge_user(),
@@ -686,8 +686,28 @@ def check_sandbox(sandbox: str = "bwrap") -> None:
     if path is None:
       raise CodeSandboxError(_INSTALL)
     cgroup_bases()
-    hardening()
-    _probe(path)
+    try:
+      _probe(path)
+    except CodeSandboxError as as_root:
+      if judge_user() is None:
+        raise
+      _judge_uid.append(None)  # bubblewrap in a user namespace, the judge as its uid 0
+      try:
+        _probe(path)
+      except CodeSandboxError:
+        _judge_uid.clear()
+        raise as_root from None
+      _LOG.warning(
+        "code sandbox: bubblewrap cannot run as real root here, so the judge keeps uid 0 "
+        "(the host's root, without capabilities) in a user namespace: %s",
+        as_root,
+      )
+    if syscall_filter() is None:
+      _LOG.warning(
+        "code sandbox: no system call filter on %s (it is built for x86-64); as root the "
+        "judge keeps uid 0 (the host's root, without capabilities) in a user namespace",
+        platform.machine(),
+      )
     _checked["bwrap"] = path
 
 
