@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from rlvr import data, datasets, experiment, learner, loop, metrics, settings, shaping
+from rlvr import data, datasets, experiment, learner, loop, settings, shaping
 from rlvr.methods import qbq as qbq_method
 from rlvr.rewards import RewardConfig
 from rlvr.sampling.config import SamplerConfig
@@ -60,7 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval = settings.section(experiment.EvalSection)  # before / after RL, every N steps
   c.checkpoint = settings.section(experiment.CheckpointConfig)
   # Where metrics go besides workdir/metrics.jsonl (always written); docs/tracking.md.
-  c.logging = settings.section(metrics.LoggingConfig)
+  c.logging = settings.section(experiment.LoggingConfig)
   # logging.tensorboard: event files under workdir/tensorboard (default True)
   # logging.wandb: also log to Weights & Biases, pip install wandb (default False)
   # logging.wandb_project: the wandb project (default "rlvr")

@@ -1,9 +1,9 @@
 """The run-level sections of an experiment config, and every check made before a run starts.
 
 The library's own dataclasses (`learner.LearnerConfig`, `loop.RLConfig`,
-`datasets.DataConfig`, `sampling.config.SamplerConfig`, `metrics.LoggingConfig`, ...) hold
-their sections' defaults; this module holds the sections that belong to a run as a whole
-(model, SFT, evaluation, checkpoints). `check(cfg)` freezes every section, so each field's
+`datasets.DataConfig`, `sampling.config.SamplerConfig`, ...) hold their sections'
+defaults; this module holds the sections that belong to a run as a whole (model,
+SFT, evaluation, checkpoints, logging). `check(cfg)` freezes every section, so each field's
 range is checked by its dataclass, then checks the rules that span sections; it runs
 before anything is built or trained, and each error is one line naming the fields.
 """
@@ -11,11 +11,12 @@ before anything is built or trained, and each error is one line naming the field
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 
 import jax
 
-from rlvr import datasets, evaluation, learner, loop, metrics, settings, shaping
+from rlvr import datasets, evaluation, learner, loop, settings, shaping
 from rlvr.rewards import RewardConfig
 from rlvr.sampling.config import SamplerConfig
 
@@ -66,6 +67,31 @@ class CheckpointConfig:
       raise ValueError(f"every / keep: must be >= 1, got {self.every} / {self.keep}")
 
 
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+  """Where a run's metrics go besides metrics.jsonl, which is always written
+  (`rlvr.metrics.MetricsWriter`; docs/tracking.md)."""
+
+  tensorboard: bool = True  # TensorBoard event files under workdir/tensorboard
+  wandb: bool = False  # also log to Weights & Biases (pip install wandb)
+  wandb_project: str = "rlvr"
+  wandb_entity: str = ""  # team or user; "" = wandb's default
+  wandb_name: str = ""  # the run's display name; "" = the work dir's name
+  wandb_tags: tuple[str, ...] = ()
+  wandb_mode: str = ""  # online | offline | disabled; "" = $WANDB_MODE, else online
+  wandb_dir: str = ""  # where wandb keeps its files; "" = $WANDB_DIR, else the work dir
+
+  def __post_init__(self):
+    if self.wandb_mode and self.wandb_mode not in WANDB_MODES:
+      raise ValueError(
+        f"wandb_mode: unknown {self.wandb_mode!r}; expected one of {', '.join(WANDB_MODES)} "
+        "(or empty for $WANDB_MODE)"
+      )
+
+
 # Section name -> its dataclass; `check` freezes each one under its full name.
 SECTIONS = {
   "model": ModelSource,
@@ -78,7 +104,7 @@ SECTIONS = {
   "shaping": shaping.ShapingConfig,
   "eval": EvalSection,
   "checkpoint": CheckpointConfig,
-  "logging": metrics.LoggingConfig,
+  "logging": LoggingConfig,
 }
 
 
@@ -96,7 +122,7 @@ class Settings:
   shaping: shaping.ShapingConfig
   eval: EvalSection
   checkpoint: CheckpointConfig
-  logging: metrics.LoggingConfig
+  logging: LoggingConfig
 
 
 def _section(cfg, dotted: str):
@@ -104,6 +130,10 @@ def _section(cfg, dotted: str):
   for part in dotted.split("."):
     node = node[part]
   return node
+
+
+def _installed(module: str) -> bool:
+  return importlib.util.find_spec(module) is not None
 
 
 def check(cfg) -> Settings:
@@ -133,8 +163,11 @@ def check(cfg) -> Settings:
       f"rl.loop.pack_min_rows: {rl.pack_min_rows} packed rows do not split by "
       f"{split} (rl.learner.micro_batch_rows, or micro_batches); use a multiple"
     )
-  if s.logging.wandb and s.logging.wandb_mode != "disabled":
-    metrics.import_wandb()  # a missing package stops the run here, before SFT
+  if s.logging.wandb and s.logging.wandb_mode != "disabled" and not _installed("wandb"):
+    raise ValueError(  # here, not after SFT; the text of rlvr.metrics.WANDB_MISSING
+      "logging.wandb: the wandb package is not installed; pip install wandb "
+      "(or pip install -e '.[tracking]'), or leave logging.wandb False"
+    )
   return s
 
 

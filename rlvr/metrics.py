@@ -44,29 +44,11 @@ def group_stats(correct_gn: np.ndarray) -> dict[str, float]:
   }
 
 
-WANDB_MODES = ("online", "offline", "disabled")
 WANDB_RUN_ID = "wandb_run_id"  # file in the work dir: the wandb run a rerun continues
-
-
-@dataclasses.dataclass(frozen=True)
-class LoggingConfig:
-  """Where a run's metrics go besides metrics.jsonl, which is always written (docs/tracking.md)."""
-
-  tensorboard: bool = True  # TensorBoard event files under workdir/tensorboard
-  wandb: bool = False  # also log to Weights & Biases (pip install wandb)
-  wandb_project: str = "rlvr"
-  wandb_entity: str = ""  # team or user; "" = wandb's default
-  wandb_name: str = ""  # the run's display name; "" = the work dir's name
-  wandb_tags: tuple[str, ...] = ()
-  wandb_mode: str = ""  # online | offline | disabled; "" = $WANDB_MODE, else online
-  wandb_dir: str = ""  # where wandb keeps its files; "" = $WANDB_DIR, else the work dir
-
-  def __post_init__(self):
-    if self.wandb_mode and self.wandb_mode not in WANDB_MODES:
-      raise ValueError(
-        f"wandb_mode: unknown {self.wandb_mode!r}; expected one of {', '.join(WANDB_MODES)} "
-        "(or empty for $WANDB_MODE)"
-      )
+WANDB_MISSING = (
+  "logging.wandb: the wandb package is not installed; pip install wandb "
+  "(or pip install -e '.[tracking]'), or leave logging.wandb False"
+)
 
 
 def import_wandb():
@@ -74,10 +56,7 @@ def import_wandb():
   try:
     import wandb
   except ImportError:
-    raise ValueError(
-      "logging.wandb: the wandb package is not installed; pip install wandb "
-      "(or pip install -e '.[tracking]'), or leave logging.wandb False"
-    ) from None
+    raise ValueError(WANDB_MISSING) from None
   return wandb
 
 
@@ -105,7 +84,8 @@ class WandbTracker:
   than the ones logged before the stop.
   """
 
-  def __init__(self, cfg: LoggingConfig, workdir: str, config: Mapping[str, Any] | None = None):
+  def __init__(self, cfg, workdir: str, config: Mapping[str, Any] | None = None):
+    """cfg: the `logging` section (`rlvr.experiment.LoggingConfig`); config: the run's."""
     wandb = import_wandb()
     self.run = wandb.init(
       project=cfg.wandb_project,
@@ -130,8 +110,8 @@ class WandbTracker:
 
 class MetricsWriter:
   """Appends one JSON object per step to metrics.jsonl and mirrors scalars to TensorBoard,
-  and to wandb with `logging.wandb` (`LoggingConfig`; `config`: what the wandb run records
-  as its config).
+  and to wandb with `logging.wandb` (`logging`: the run's `rlvr.experiment.LoggingConfig`;
+  `config`: what the wandb run records as its config).
 
   Reopening an existing file after a resume drops rows at or past `resume_step`
   so the file stays one row per step.
@@ -143,13 +123,12 @@ class MetricsWriter:
     resume_step: int | None = None,
     tensorboard: bool = True,
     enabled: bool = True,
-    logging: LoggingConfig | None = None,
+    logging=None,
     config: Mapping[str, Any] | None = None,
   ):
     self.enabled = enabled
     if not enabled:  # multi-host: the processes other than 0 write nothing
       return
-    logging = logging or LoggingConfig()
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     if resume_step is not None and os.path.exists(self.path):
@@ -157,10 +136,10 @@ class MetricsWriter:
       with open(self.path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
     self._tb = self._wandb = None
-    if logging.wandb:
+    if logging is not None and logging.wandb:
       self._wandb = WandbTracker(logging, workdir, config)
     self._f = open(self.path, "a")
-    if tensorboard and logging.tensorboard:
+    if tensorboard and (logging is None or logging.tensorboard):
       try:
         from tensorboardX import SummaryWriter
 

@@ -98,7 +98,7 @@ def _run_files(home) -> list[str]:
 
 def test_metrics_go_to_wandb_and_a_resumed_run_continues_it(tmp_path, offline):
   workdir = str(tmp_path / "run")
-  cfg = metrics.LoggingConfig(wandb=True, wandb_project="tracking-test", wandb_tags=("grpo",))
+  cfg = experiment.LoggingConfig(wandb=True, wandb_project="tracking-test", wandb_tags=("grpo",))
   config = {"rl": {"steps": 4}, "seed": 0}
   w = metrics.MetricsWriter(workdir, resume_step=0, logging=cfg, config=config)
   for step in range(3):
@@ -138,11 +138,11 @@ def test_metrics_go_to_wandb_and_a_resumed_run_continues_it(tmp_path, offline):
 
 
 def test_processes_other_than_0_and_runs_without_wandb_start_no_wandb_run(tmp_path, offline):
-  cfg = metrics.LoggingConfig(wandb=True)
+  cfg = experiment.LoggingConfig(wandb=True)
   w = metrics.MetricsWriter(str(tmp_path / "other"), logging=cfg, enabled=False)
   w.write(0, {"reward_mean": 1.0})
   w.close()
-  w = metrics.MetricsWriter(str(tmp_path / "plain"), logging=metrics.LoggingConfig())
+  w = metrics.MetricsWriter(str(tmp_path / "plain"), logging=experiment.LoggingConfig())
   w.write(0, {"reward_mean": 1.0})
   w.close()
   assert _run_files(offline) == []
@@ -161,8 +161,8 @@ def _load(*overrides: str):
 
 
 def test_logging_section_defaults_and_overrides():
-  assert experiment.check(_load()).logging == metrics.LoggingConfig()
-  assert metrics.LoggingConfig().tensorboard and not metrics.LoggingConfig().wandb
+  assert experiment.check(_load()).logging == experiment.LoggingConfig()
+  assert experiment.LoggingConfig().tensorboard and not experiment.LoggingConfig().wandb
   checked = experiment.check(
     _load(
       "--config.logging.wandb=True",
@@ -171,15 +171,20 @@ def test_logging_section_defaults_and_overrides():
       "--config.logging.tensorboard=False",
     )
   )
-  assert checked.logging == metrics.LoggingConfig(
+  assert checked.logging == experiment.LoggingConfig(
     tensorboard=False, wandb=True, wandb_project="math", wandb_mode="offline"
   )
 
 
 def test_a_missing_wandb_package_is_one_line_naming_pip_install(monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
-  with pytest.raises(ValueError, match=r"^logging\.wandb: .*pip install wandb"):
+  assert metrics.WANDB_MISSING.startswith("logging.wandb: the wandb package is not installed; ")
+  assert "pip install wandb" in metrics.WANDB_MISSING
+  with pytest.raises(ValueError) as before_the_run:  # checked before anything is built
     experiment.check(_load("--config.logging.wandb=True"))
+  with pytest.raises(ValueError) as in_the_writer:
+    metrics.import_wandb()
+  assert str(before_the_run.value) == str(in_the_writer.value) == metrics.WANDB_MISSING
   experiment.check(_load("--config.logging.wandb=True", "--config.logging.wandb_mode=disabled"))
 
 
