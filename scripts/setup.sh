@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
 # Creates .venv with rlvr and the exact versions of requirements.lock (what the
-# main job needs); with --vllm also the test extras (requirements-test.lock:
-# pytest, PyTorch for the reference comparisons) and the vLLM CPU server
-# environment in .venvs/vllm (its own torch/transformers pins).
+# main job needs). Options, in any order:
+#   --vllm      also the test extras (requirements-test.lock: pytest, CPU PyTorch for the
+#               reference comparisons, wandb) and the vLLM CPU server environment in
+#               .venvs/vllm (its own torch/transformers pins)
+#   --torch     also CPU PyTorch at the test lock's pin (torch==2.13.0+cpu): what loading an
+#               exported policy in transformers (AutoModelForCausalLM) needs
+#   --tracking  also wandb at the test lock's pin, for --config.logging.wandb=True
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+VLLM=0 TORCH=0 TRACKING=0
+for arg in "$@"; do
+  case "$arg" in
+    --vllm) VLLM=1 ;;
+    --torch) TORCH=1 ;;
+    --tracking) TRACKING=1 ;;
+    *)
+      echo "scripts/setup.sh: unknown option $arg (known: --vllm, --torch, --tracking)" >&2
+      exit 2
+      ;;
+  esac
+done
 
 # pip, minus the machine-config noise about missing local index folders.
 pipq() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
@@ -16,15 +32,26 @@ fi
 pipq .venv/bin/pip install -q --upgrade pip
 # Exact versions from the lock files (the ones the README's figures came from), then rlvr
 # itself without resolving again.
-if [ "${1:-}" = "--vllm" ]; then
+if [ "$VLLM" = 1 ]; then
   pipq .venv/bin/pip install -q -r requirements-test.lock
 else
   pipq .venv/bin/pip install -q -r requirements.lock
 fi
+# One package with the test lock as constraints: its pin and its dependencies' pins.
+if [ "$TORCH" = 1 ] && [ "$VLLM" = 0 ]; then
+  # PyPI's torch is the CUDA build (gigabytes); the CPU build comes from PyTorch's own index
+  # when no index or wheel folder set up for pip here has it.
+  .venv/bin/pip install -q torch -c requirements-test.lock >/dev/null 2>&1 \
+    || pipq .venv/bin/pip install -q torch -c requirements-test.lock \
+      --extra-index-url https://download.pytorch.org/whl/cpu
+fi
+if [ "$TRACKING" = 1 ] && [ "$VLLM" = 0 ]; then
+  pipq .venv/bin/pip install -q wandb -c requirements-test.lock
+fi
 pipq .venv/bin/pip install -q --no-deps -e .
 .venv/bin/python -m pip check >/dev/null || .venv/bin/python -m pip check
 
-if [ "${1:-}" = "--vllm" ]; then
+if [ "$VLLM" = 1 ]; then
   if [ ! -x .venvs/vllm/bin/python ]; then
     mkdir -p .venvs
     "$PY" -m venv .venvs/vllm
@@ -42,7 +69,7 @@ if [ "${1:-}" = "--vllm" ]; then
 fi
 
 # The code reward's sandbox (tests/test_code_sandbox.py): bubblewrap. CI runs as root.
-if [ "${1:-}" = "--vllm" ] && ! command -v bwrap >/dev/null; then
+if [ "$VLLM" = 1 ] && ! command -v bwrap >/dev/null; then
   apt-get install -y -q bubblewrap >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
     || echo "install bubblewrap (apt-get install bubblewrap): the code reward's sandbox needs it" >&2
