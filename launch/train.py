@@ -118,10 +118,16 @@ def main(argv):
   # the run sees it, and print nothing for the dropped one.
   default_hook = sys.unraisablehook
 
+  # A checkpoint save that fails (a full disk) abandons its other TensorStore writes, whose
+  # callbacks then find orbax's event loop closed: nothing is lost, the save's own error is
+  # reported below; print nothing for them either.
   def _dropped(unraisable):
     if pending and isinstance(unraisable.exc_value, KeyboardInterrupt):
       signal.setitimer(signal.ITIMER_REAL, 0.01)
-    else:
+    elif not (
+      isinstance(unraisable.exc_value, RuntimeError)
+      and str(unraisable.exc_value) == "Event loop is closed"
+    ):
       default_hook(unraisable)
 
   sys.unraisablehook = _dropped

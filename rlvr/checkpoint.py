@@ -16,10 +16,13 @@ the run stops with one line saying what to move.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -250,11 +253,12 @@ def save(
   step_dir = os.path.join(str(mngr.directory), str(step))
   existed = os.path.exists(step_dir)
   try:
-    saved = mngr.save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-    )
-    mngr.wait_until_finished()
+    with _orbax_errors_raised_not_logged():
+      saved = mngr.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+      )
+      mngr.wait_until_finished()
     if not saved:
       return step
     if jax.process_count() > 1:
@@ -268,6 +272,31 @@ def save(
       _remove_partial(str(mngr.directory), step)
     raise
   return step
+
+
+class _DropSaveErrors(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR or not (
+      f"{os.sep}orbax{os.sep}" in record.pathname or record.name == "asyncio"
+    )
+
+
+@contextlib.contextmanager
+def _orbax_errors_raised_not_logged():
+  """A save that fails (a full disk) raises its error; orbax also logs it with a traceback
+  from each of its threads, and asyncio each write task it abandoned: while a save runs,
+  the raised error alone tells."""
+  loggers, drop = (logging.getLogger("absl"), logging.getLogger("asyncio")), _DropSaveErrors()
+  for logger in loggers:
+    logger.addFilter(drop)
+  try:
+    yield
+  except BaseException:
+    gc.collect()  # the abandoned tasks are reported when collected: now, while dropped
+    raise
+  finally:
+    for logger in loggers:
+      logger.removeFilter(drop)
 
 
 def _remove_partial(directory: str, step: int) -> None:

@@ -33,9 +33,11 @@ def atomic_open(path: str, mode: str = "w", fsync: bool = False) -> Iterator[Any
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as e:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
+    if isinstance(e, OSError) and e.filename is None:  # a write or close: name the file
+      raise OSError(e.errno, e.strerror, path) from e
     raise
   if fsync:
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)

@@ -228,16 +228,19 @@ SMALL_RUN = [
 ]
 
 
-def _train(workdir):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  out = subprocess.run(
+def _launch(workdir):
+  return subprocess.run(
     [sys.executable, "-m", "launch.train", *SMALL_RUN, f"--workdir={workdir}"],
     cwd=REPO,
-    env=env,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,
     timeout=900,
   )
+
+
+def _train(workdir):
+  out = _launch(workdir)
   assert out.returncode == 0, out.stderr[-3000:]
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return out, [json.loads(line) for line in f]
@@ -264,3 +267,21 @@ def test_launch_train_resumes_from_the_previous_checkpoint_when_the_latest_is_da
       assert again[1][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
   assert checkpoint.steps(checkpoints) == [1, 2] and os.path.isdir(aside)
   assert checkpoint.verify(step_dir) is None
+
+
+def test_launch_train_whose_disk_fills_at_a_checkpoint_stops_in_one_line(tmp_path):
+  from mounts import tmpfs
+
+  # 1 MiB holds the run's reports and metrics, not the first checkpoint (~9 MB).
+  with tmpfs(str(tmp_path / "full"), "1m") as workdir:
+    out = _launch(workdir)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    line = out.stderr.strip().splitlines()[-1]
+    checkpoints = os.path.join(workdir, "checkpoints")
+    assert line.startswith(f"launch.train: cannot write {checkpoints}/1.orbax-checkpoint-tmp/")
+    assert line.endswith(
+      ": no space left on the device (ENOSPC); free space on that file system, or give "
+      "another --workdir (--verbose for the traceback)"
+    )
+    assert os.listdir(checkpoints) == []  # the partial step is gone
+    assert os.path.exists(os.path.join(workdir, "eval_before_rl", "eval.json"))
