@@ -11,38 +11,17 @@ import shutil
 import subprocess
 import sys
 
+import checkpoint_worker as worker
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr import checkpoint, learner, sharding
+from rlvr import checkpoint, sharding
 from rlvr.model import decoder
-from rlvr.model.config import ModelConfig
 
-MODEL = ModelConfig(
-  family="qwen2",
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=1,
-  num_heads=2,
-  num_kv_heads=1,
-  head_dim=16,
-  rope_theta=1e4,
-  rms_norm_eps=1e-6,
-  tie_word_embeddings=True,
-  max_position_embeddings=64,
-  eos_token_id=1,
-)
-LEARNER = learner.LearnerConfig(learning_rate=1e-3)
-
-
-def _state_at(base, step: int):
-  """A distinct state per step: every float leaf (params, AdamW moments) moved by `step`."""
-  return jax.tree.map(
-    lambda x: x + 0.25 * step if jnp.issubdtype(x.dtype, jnp.floating) else x, base
-  )
+MODEL = worker.MODEL
+LEARNER = worker.learner_config()
+_state_at = worker.state_at
 
 
 def _no_params():
@@ -53,8 +32,7 @@ def _no_params():
 def saved(tmp_path_factory):
   """(checkpoint dir with steps 1 and 2, {step: saved state}, mesh), written once."""
   mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  params = decoder.init(MODEL, jax.random.PRNGKey(0))
-  base = learner.init_state(MODEL, LEARNER, params, mesh)
+  base = worker.base_state(mesh)
   directory = str(tmp_path_factory.mktemp("ck") / "checkpoints")
   mngr = checkpoint.manager(directory)
   states = {s: _state_at(base, s) for s in (1, 2)}
@@ -246,6 +224,7 @@ def _train(workdir):
     return out, [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_launch_train_resumes_from_the_previous_checkpoint_when_the_latest_is_damaged(tmp_path):
   workdir = str(tmp_path / "run")
   _, first = _train(workdir)
@@ -269,6 +248,7 @@ def test_launch_train_resumes_from_the_previous_checkpoint_when_the_latest_is_da
   assert checkpoint.verify(step_dir) is None
 
 
+@pytest.mark.slow
 def test_launch_train_whose_disk_fills_at_a_checkpoint_stops_in_one_line(tmp_path):
   from mounts import tmpfs
 
@@ -285,3 +265,49 @@ def test_launch_train_whose_disk_fills_at_a_checkpoint_stops_in_one_line(tmp_pat
     )
     assert os.listdir(checkpoints) == []  # the partial step is gone
     assert os.path.exists(os.path.join(workdir, "eval_before_rl", "eval.json"))
+
+
+@pytest.mark.slow
+def test_two_processes_write_one_manifest_and_resume_past_a_damaged_step(tmp_path):
+  """Process 0 writes the manifest once both processes finished writing (their data
+  files included), checks and sets aside on resume; both resume from the same step."""
+  from rlvr.sampling.vllm_server import free_port
+
+  directory = str(tmp_path / "checkpoints")
+
+  def run(phase):
+    port, script = free_port(), os.path.join(REPO, "tests", "checkpoint_worker.py")
+    procs = [
+      subprocess.Popen(
+        [sys.executable, script, phase, directory, f"--process_id={i}", f"--port={port}"],
+        cwd=REPO,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+      )
+      for i in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    return [(p.returncode, *o) for p, o in zip(procs, outputs)]
+
+  assert [r[0] for r in run("save")] == [0, 0]
+  with open(os.path.join(directory, "2", checkpoint.MANIFEST)) as f:
+    files = json.load(f)["files"]
+  assert any(f.startswith("state/ocdbt.process_1/") for f in files)
+  _overwrite_middle(_largest_data_file(os.path.join(directory, "2")))
+  (code0, out0, err0), (code1, out1, err1) = run("resume")
+  assert (code0, code1) == (0, 0), err0[-3000:] + err1[-3000:]
+  assert (
+    out0.strip().splitlines()[-1] == out1.strip().splitlines()[-1] == "resumed step 1 equal True"
+  )
+  assert f"checkpoint {os.path.join(directory, '2')} does not verify: state/" in err0
+  assert "does not verify" not in err1  # process 0 alone checks, moves and says so
+  _overwrite_middle(_largest_data_file(os.path.join(directory, "1")))
+  (code0, out0, _), (code1, out1, _) = run("resume")
+  assert (code0, code1) == (3, 3)
+  last0, last1 = out0.strip().splitlines()[-1], out1.strip().splitlines()[-1]
+  assert last0.startswith(f"error: no checkpoint under {directory} verifies (set aside in ")
+  assert last1 == (
+    f"error: no checkpoint under {directory} verifies (process 0 says which and why)"
+  )
