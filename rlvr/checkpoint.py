@@ -19,7 +19,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import gc
 import hashlib
 import json
 import logging
@@ -27,6 +26,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 from typing import Any, Callable
 
 import jax
@@ -106,7 +106,11 @@ def verify(step_dir: str) -> Problem | None:
   else the first that is not (sizes are checked before any file is read)."""
   path = os.path.join(step_dir, MANIFEST)
   if not os.path.exists(path):
-    return Problem(MANIFEST, "unverified", "no manifest: the save did not finish")
+    return Problem(
+      MANIFEST,
+      "unverified",
+      "no manifest (its save did not finish, or an rlvr without checksums wrote it)",
+    )
   try:
     with open(path) as f:
       files = json.load(f)["files"]
@@ -161,7 +165,11 @@ def _newest_verified(directory: str) -> int | None:
     problem = verify(step_dir)
     if problem is None:
       if moved:
-        print(f"checkpoint: resuming from {step_dir}, the newest that verifies", file=sys.stderr)
+        print(
+          f"checkpoint: resuming from {step_dir}, the newest that verifies",
+          file=sys.stderr,
+          flush=True,
+        )
       return step
     dest = _move_aside(directory, step, problem)
     moved.append(dest)
@@ -197,7 +205,7 @@ def latest_verified(directory: str) -> int | None:
       found = -1 if step is None else step
     except Exception as e:  # noqa: BLE001 - raised below, after the others know
       found, error = -2, e
-  found = int(multihost_utils.broadcast_one_to_all(np.int64(found)))
+  found = int(multihost_utils.broadcast_one_to_all(np.int32(found)))
   if error is not None:
     raise error
   if found == -2:
@@ -281,18 +289,27 @@ class _DropSaveErrors(logging.Filter):
     )
 
 
+class _DropAbandonedOrbaxTasks(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return f"{os.sep}orbax{os.sep}" not in record.getMessage()
+
+
+_ABANDONED = _DropAbandonedOrbaxTasks()
+
+
 @contextlib.contextmanager
 def _orbax_errors_raised_not_logged():
   """A save that fails (a full disk) raises its error; orbax also logs it with a traceback
-  from each of its threads, and asyncio each write task it abandoned: while a save runs,
-  the raised error alone tells."""
+  from each of its threads, and asyncio each write task it abandoned (when the task is
+  collected, which the raised error's traceback may delay): the raised error alone tells."""
   loggers, drop = (logging.getLogger("absl"), logging.getLogger("asyncio")), _DropSaveErrors()
   for logger in loggers:
     logger.addFilter(drop)
   try:
     yield
   except BaseException:
-    gc.collect()  # the abandoned tasks are reported when collected: now, while dropped
+    # From now on asyncio says nothing of orbax's abandoned tasks (their error is raised).
+    logging.getLogger("asyncio").addFilter(_ABANDONED)
     raise
   finally:
     for logger in loggers:
@@ -300,10 +317,23 @@ def _orbax_errors_raised_not_logged():
 
 
 def _remove_partial(directory: str, step: int) -> None:
-  """What a save that failed (a full disk, ...) left of `step`: nothing half-written stays."""
-  for name in os.listdir(directory) if os.path.isdir(directory) else ():
-    if name == str(step) or name.startswith(f"{step}.orbax-checkpoint-tmp"):
+  """What a save that failed (a full disk, ...) left of `step`: nothing half-written stays.
+  TensorStore writes the failed save abandoned may still land for a moment: remove until
+  nothing of the step has come back for three checks 0.1 s apart (10 s at most)."""
+
+  def left():
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return [n for n in names if n == str(step) or n.startswith(f"{step}.orbax-checkpoint-tmp")]
+
+  quiet = 0
+  for _ in range(100):
+    names = left()
+    quiet = 0 if names else quiet + 1
+    if quiet == 3:
+      return
+    for name in names:
       shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+    time.sleep(0.1)
 
 
 def abstract_state(model_cfg: ModelConfig, cfg: learner.LearnerConfig, mesh, rules=None):
