@@ -335,7 +335,11 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
   if meta is not None and meta.get("ahead_step") is not None:
     rollouts.pending = buffer_file.load(ahead_dir, int(meta["ahead_step"]))
   writer = metrics_lib.MetricsWriter(
-    run.workdir, resume_step=start, enabled=distributed.is_writer()
+    run.workdir,
+    resume_step=start,
+    enabled=distributed.is_writer(),
+    logging=settings.frozen(experiment.LoggingConfig, c.logging, prefix="logging."),
+    config=c.to_dict(),
   )
   to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, run.mesh))
 
