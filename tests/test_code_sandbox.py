@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 from rlvr.rewards import code
+from rlvr.rewards.code import cgroups as cgroups_lib
 from rlvr.rewards.code import sandbox as sandbox_lib
+from rlvr.rewards.code import seccomp as seccomp_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 LIMITS = code.CodeLimits(
@@ -267,7 +269,7 @@ def test_a_batch_of_busy_loops_ends_within_its_wall_bound():
 # The kernel's surface, and bounds of the sandbox as a whole.
 
 X86_64 = platform.machine() == "x86_64"
-BOUND_MIB = sandbox_lib.memory_bound(LIMITS) >> 20
+BOUND_MIB = cgroups_lib.memory_bound(LIMITS) >> 20
 PROC_SYS_WRITE = (
   "import os\nos.close(os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY))\nprint('writable')"
 )
@@ -283,10 +285,10 @@ def judge_mode(request, monkeypatch):
   """The judge as this host runs it, and (on a root x86-64 host) the user-namespace judge
   that a root host without the syscall filter runs: uid 0 of the host, no capabilities."""
   if request.param == "root_in_a_user_namespace":
-    if sandbox_lib.judge_user() is None:
+    if seccomp_lib.judge_user() is None:
       pytest.skip("the judge runs in a user namespace here anyway")
-    monkeypatch.setattr(sandbox_lib, "judge_user", lambda: None)
-    monkeypatch.setattr(sandbox_lib, "syscall_filter", lambda: None)
+    monkeypatch.setattr(seccomp_lib, "judge_user", lambda: None)
+    monkeypatch.setattr(seccomp_lib, "syscall_filter", lambda: None)
   return request.param
 
 
@@ -305,7 +307,7 @@ def test_the_judge_runs_as_nobody_without_capabilities():
     "          if l.startswith(('CapPrm', 'CapEff', 'CapAmb'))]\n"
     "  return [*os.getresuid(), *os.getresgid(), os.getgroups(), caps]\n"
   )
-  nobody = sandbox_lib.NOBODY
+  nobody = seccomp_lib.NOBODY
   want = [nobody] * 6 + [[], ["0000000000000000"] * 3]
   tests = {"fn_name": "who", "inputs": [[]], "outputs": [want]}
   assert code.run_tests(program, tests, LIMITS).reason == "ok"
@@ -339,7 +341,7 @@ def test_the_hosts_session_keyring_is_not_the_sandboxs(planted_key, judge_mode):
   assert verdict.reason == "wrong_answer", verdict
   # As nobody the key is not even listed; root in a user namespace may see its description
   # (the key's owner is uid 0), never its payload.
-  listed = judge_mode != "as_run" or sandbox_lib.judge_user() is None
+  listed = judge_mode != "as_run" or seccomp_lib.judge_user() is None
   nothing = {"fn_name": "steal", "inputs": [[]], "outputs": [["", listed]]}
   assert code.run_tests(program, nothing, LIMITS).reason == "ok"
 
@@ -372,7 +374,7 @@ print("pinned")
 
 
 @pytest.mark.skipif(
-  "memory" not in sandbox_lib.cgroup_bases(), reason="no writable memory cgroup here"
+  "memory" not in cgroups_lib.cgroup_bases(), reason="no writable memory cgroup here"
 )
 @pytest.mark.parametrize("program", [MEMFD_HOARD, SHM_HOARD], ids=["memfd", "sysv_shm"])
 def test_memory_outside_the_address_space_is_bounded(program):
@@ -545,15 +547,15 @@ def test_pass_fraction():
 def unprobed():
   """The sandbox probe forgotten for one test (and restored after it)."""
   checked, warned = dict(sandbox_lib._checked), list(sandbox_lib._warned)
-  uid = list(sandbox_lib._judge_uid)
+  uid = list(seccomp_lib._judge_uid)
   sandbox_lib._checked.clear()
   sandbox_lib._warned.clear()
-  sandbox_lib._judge_uid.clear()
+  seccomp_lib._judge_uid.clear()
   yield
   sandbox_lib._checked.clear()
   sandbox_lib._checked.update(checked)
   sandbox_lib._warned[:] = warned
-  sandbox_lib._judge_uid[:] = uid
+  seccomp_lib._judge_uid[:] = uid
 
 
 def test_missing_bwrap_is_an_error(monkeypatch, tmp_path, unprobed):
@@ -590,7 +592,7 @@ def test_bwrap_that_cannot_run_as_real_root_keeps_a_user_namespace(
   monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
   with caplog.at_level(logging.WARNING, logger="rlvr.rewards.code.sandbox"):
     code.check_sandbox()
-  assert "cannot run as real root" in caplog.text and sandbox_lib.judge_user() is None
+  assert "cannot run as real root" in caplog.text and seccomp_lib.judge_user() is None
   tests = {"fn_name": "uid", "inputs": [[]], "outputs": [0]}
   program = "import os\ndef uid():\n  return os.getuid()\n"
   assert code.run_tests(program, tests, LIMITS).reason == "ok"  # uid 0 of a user namespace

@@ -14,13 +14,14 @@ from rlvr.rewards.code.config import (
   SANDBOXES,
   CodeLimits,
   CodeRewardConfig,
+  CodeSandboxError,
   CodeScore,
   Verdict,
 )
 from rlvr.rewards.code.extract import extract_program, last_python_block
 from rlvr.rewards.code.formats import TestSpec, lines_match, parse_tests, values_match
 from rlvr.rewards.code.judge import run_tests, score
-from rlvr.rewards.code.sandbox import CodeSandboxError, check_sandbox, sandbox_available
+from rlvr.rewards.code.sandbox import check_sandbox, sandbox_available
 
 __all__ = [
   "CODE_EXTRACTIONS",

@@ -1,4 +1,5 @@
-"""Settings and results of the code reward: `CodeLimits`, `CodeRewardConfig`, `Verdict`."""
+"""Settings and results of the code reward: `CodeLimits`, `CodeRewardConfig`, `Verdict`, and
+`CodeSandboxError` (the sandbox is missing or does not work here)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ REASONS = (
 )
 SANDBOXES = ("bwrap", "none")
 CODE_EXTRACTIONS = ("last_block", "whole")
+
+
+class CodeSandboxError(RuntimeError):
+  """The sandbox is missing or does not work here."""
 
 
 def _positive(owner: str, name: str, value, kind=(int, float)) -> None:

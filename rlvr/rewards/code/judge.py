@@ -11,7 +11,14 @@ from typing import Sequence
 import numpy as np
 
 from rlvr.rewards.code import sandbox as sandbox_lib
-from rlvr.rewards.code.config import CodeLimits, CodeRewardConfig, CodeScore, Verdict
+from rlvr.rewards.code.cgroups import memory_bound
+from rlvr.rewards.code.config import (
+  CodeLimits,
+  CodeRewardConfig,
+  CodeSandboxError,
+  CodeScore,
+  Verdict,
+)
 from rlvr.rewards.code.extract import extract_program
 from rlvr.rewards.code.formats import TestSpec, parse_tests
 
@@ -66,7 +73,7 @@ def run_tests(
     if failure is None and seen < spec.total:
       failure = _unfinished(run)
     if failure is not None and failure[0] == "runtime_error" and run.oom_kills():
-      bound = sandbox_lib.memory_bound(limits) >> 20
+      bound = memory_bound(limits) >> 20
       failure = ("memory", f"{failure[1]} (the run reached its memory bound, {bound} MiB)")
   if failure is None:
     return Verdict(passed, spec.total, "ok")
@@ -119,7 +126,7 @@ def score(
         stop_early=not cfg.pass_fraction,
       )
     except Exception as e:  # noqa: BLE001 - nothing one response holds ends the batch
-      host = isinstance(e, (OSError, sandbox_lib.CodeSandboxError))  # could not run it
+      host = isinstance(e, (OSError, CodeSandboxError))  # could not run it
       reason = "sandbox_error" if host else "judge_error"
       _LOG.warning("code reward: a response scored 0 (%s)", reason, exc_info=True)
       return Verdict(0, spec.total, reason, f"{type(e).__name__}: {str(e)[:300]}")
