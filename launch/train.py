@@ -95,6 +95,7 @@ def main(argv):
     print(cfg)
     return
   from rlvr import fileio, loop, oom, runner
+  from rlvr.rewards.code import CodeSandboxError
   from rlvr.sampling.assistant import AssistantError
   from rlvr.sampling.vllm_sampler import SamplerError
   from rlvr.sampling.vllm_server import ServerStartError
@@ -151,6 +152,7 @@ def main(argv):
     *USER_ERRORS,
     fileio.WorkdirBusyError,
     loop.NoSignalError,
+    CodeSandboxError,
     AssistantError,
     SamplerError,
     ServerStartError,

@@ -68,8 +68,9 @@ if [ "$VLLM" = 1 ]; then
   .venvs/vllm/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
 fi
 
-# The code reward's sandbox (tests/test_code_sandbox.py): bubblewrap. CI runs as root.
-if [ "$VLLM" = 1 ] && ! command -v bwrap >/dev/null; then
+# The code reward's sandbox (configs/tiny_code.py, the code domain): bubblewrap, from the
+# system's packages (as root; otherwise the line below says what to run).
+if ! command -v bwrap >/dev/null; then
   apt-get install -y -q bubblewrap >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
     || echo "install bubblewrap (apt-get install bubblewrap): the code reward's sandbox needs it" >&2

@@ -206,3 +206,24 @@ def test_humaneval_is_an_eval_path_of_the_code_configs():
   evals = datasets.prepare(d, 0).evals
   assert len(evals["humaneval"]) == 164
   assert svs_primerl_qwen25_7b.get_config().svs.template == "code"
+
+
+def test_a_code_run_without_bubblewrap_stops_in_one_line(tmp_path):
+  """No bwrap on PATH: launch.train stops before building anything, in one line naming the
+  package to install; the run never falls back to unsandboxed code."""
+  venv_bin = os.path.dirname(sys.executable)
+  assert not os.path.exists(os.path.join(venv_bin, "bwrap"))
+  proc = subprocess.run(
+    [sys.executable, "-m", "launch.train", "--config=configs/tiny_code.py"]
+    + [f"--workdir={tmp_path / 'run'}"],
+    cwd=REPO,
+    env=dict(os.environ, PATH=venv_bin, JAX_PLATFORMS="cpu"),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert lines[-1].startswith("launch.train: bubblewrap (bwrap) is not installed: apt-get"), lines
+  assert "Traceback" not in proc.stderr
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")
