@@ -107,7 +107,7 @@ def paper(
   c.rl.loop.ppo_mini_batch_size = 256  # groups per optimizer step (2,048 rows)
   c.svs.refill_originals = False  # used only by method="svs"
   # One row of 12,288 tokens per device per micro-batch: what fits an 80 GB H100 at 32B
-  # (bench/plan.py; the README's plan table). Rows are split over data x fsdp.
+  # (bench/plan.py; the plan table in docs/scale.md). Rows are split over data x fsdp.
   c.rl.learner.micro_batch_rows = fsdp
   # Responses vary in length: the update packs them into rows of the full length (the
   # same shapes per micro-batch, fewer micro-batches; verl's remove-padding).

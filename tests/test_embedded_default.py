@@ -64,7 +64,7 @@ def test_embedded_default_runs_end_to_end(tmp_path):
   from transformers import AutoModelForCausalLM
 
   AutoModelForCausalLM.from_pretrained(workdir / "policy")
-  # The finished run evaluated again on its own held-out set and settings (README command).
+  # The finished run evaluated again on its own held-out set and settings (command in docs/launch.md).
   again = subprocess.run(
     [sys.executable, "-m", "launch.evaluate", f"--run={workdir}", "--limit=16"],
     cwd=REPO,

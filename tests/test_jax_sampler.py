@@ -192,7 +192,7 @@ def test_bad_sampling_params_are_named():
 
 def test_a_prompt_near_the_context_limit_fits_without_power_of_two_buckets(setup):
   """1,100 prompt tokens + 256 new fit 2,048 positions, though 2,048 + 256 buckets do not
-  (as the README's evaluate command on MATH with the tiny model needs)."""
+  (as the evaluate command in docs/launch.md on MATH with the tiny model needs)."""
   cfg, params, _, sampler = setup
   assert cfg.max_position_embeddings == 2048
   long_prompt = [5 + (i % 50) for i in range(1100)]

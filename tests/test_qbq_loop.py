@@ -231,7 +231,7 @@ def test_two_rounds_end_to_end_resume_after_a_kill_between_stages(arithmetic_pol
     ).read(), s
   resumed = _rows(str(cut))
   assert [r["step"] for r in resumed] == [0, 1, 2, 3]
-  # Per-round diversity with the policy's embeddings (README command).
+  # Per-round diversity with the policy's embeddings (command in docs/methods.md).
   out = subprocess.run(
     [sys.executable, "-m", "launch.qbq_diversity", f"--run={full}", f"--model={policy}"],
     cwd=REPO,

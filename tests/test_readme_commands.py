@@ -1,8 +1,9 @@
-"""Every command of the README runs in a test and exits 0, scaled down by flags.
+"""Every command of the README and of the docs pages runs in a test and exits 0, scaled down
+by flags.
 
-The README's commands are read from the README itself: its ```bash blocks (comments
-dropped, `\\` continuations joined, `&&` chains split) and the `python -m launch.*`
-commands quoted inline in its prose. Each one is
+The commands are read from the pages themselves (COMMAND_FILES: README.md and docs/*.md): their
+```bash blocks (comments dropped, `\\` continuations joined, `&&` chains split) and the
+`python -m launch.*` commands quoted inline in their prose. Each one is
 
 - run here (RUN_HERE: README command prefix -> the test below that runs it), with its
   placeholders (DIR, FILE, N, URL, OUT.jsonl, pairs.jsonl, ...) replaced by real local
@@ -19,6 +20,7 @@ commands quoted inline in its prose. Each one is
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -34,6 +36,17 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
+# Pages whose commands no test runs as printed (wandb and TensorBoard, servers with weight
+# transfer, the MoE run); every other docs page is read.
+NOT_READ = ("docs/moe.md", "docs/tracking.md", "docs/weight_transfer.md")
+COMMAND_FILES = (
+  "README.md",
+  *sorted(
+    os.path.relpath(p, REPO)
+    for p in glob.glob(os.path.join(REPO, "docs", "*.md"))
+    if os.path.relpath(p, REPO) not in NOT_READ
+  ),
+)
 AIME = "data/math_aime_eval.jsonl"  # relative: the commands run from the repo root
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
 
@@ -47,8 +60,8 @@ RUN_HERE = {
   "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make": "test_train_with_the_readme_method_from_outside_the_library",
   "python -m launch.train --config=configs/tiny_composition.py": "test_composition_curriculum_at_embedded_scale",
 }
-# The README's main command and `evaluate --run`: the embedded default end to end (SFT,
-# eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
+# The README's main command and `evaluate --run` (docs/launch.md): the embedded default end to
+# end (SFT, eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
 _EMBEDDED = "tests/test_embedded_default.py::test_embedded_default_runs_end_to_end"
 COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the command)
   "python -m launch.train --config=configs/tiny.py [--workdir=DIR] [--config.rl.steps=N]": (
@@ -96,9 +109,14 @@ def _readme():
 
 
 def readme_commands(text: str | None = None) -> list[str]:
-  """Every command of the README's bash blocks (of `text`, default this repo's README), then
+  """Every command of the bash blocks of `text` (default: each of COMMAND_FILES in turn), then
   the inline `python -m launch.*` ones, each on one line with single spaces."""
-  text = _readme() if text is None else text
+  if text is None:
+    commands = []
+    for name in COMMAND_FILES:
+      with open(os.path.join(REPO, name)) as f:
+        commands += readme_commands(f.read())
+    return commands
   commands = []
   for block in re.findall(r"```bash\n(.*?)```", text, re.S):
     logical = ""

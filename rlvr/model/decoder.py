@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from rlvr import sharding
 from rlvr.model import attention, grad_accum, lowp, moe
 from rlvr.model.config import ModelConfig, RopeScaling
-from rlvr.model.lowp import logits_matmul  # noqa: F401 (README: decoder.logits_matmul)
+from rlvr.model.lowp import logits_matmul  # noqa: F401 (docs/benchmarks.md: decoder.logits_matmul)
 
 Params = Any
 
