@@ -51,6 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.rl = ml_collections.ConfigDict()
   c.rl.steps = 500
+  c.rl.log_samples_every = 0  # every N RL steps, workdir/samples/step_<k>.jsonl (0 = off)
   c.rl.loop = settings.section(loop.RLConfig)  # rollouts, dynamic sampling
   c.rl.learner = settings.section(learner.LearnerConfig)  # optimizer and GRPO loss
 

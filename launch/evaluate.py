@@ -69,6 +69,12 @@ flags.DEFINE_string(
   None,
   "Appended to each problem (default: the run's, else rlvr.data.DEFAULT_INSTRUCTION).",
 )
+flags.DEFINE_string(
+  "chat_template",
+  None,
+  "Prompt template: '' (the tokenizer's), 'none' (raw text), 'chatml', or a Jinja file "
+  "(default: the run's data.chat_template, else '').",
+)
 flags.DEFINE_bool("integer_answers", False, "AIME-style integer answer matching.")
 flags.DEFINE_list(
   "vllm_urls",
@@ -97,8 +103,8 @@ def main(argv):
 
   from transformers import AutoTokenizer
 
+  from rlvr import chat_templates, evaluation, model, oom, settings
   from rlvr import data as data_lib
-  from rlvr import evaluation, model, oom, settings
   from rlvr.loop import Prompt
   from rlvr.rewards import RewardConfig
   from rlvr.rewards.verifiers import open_verifier
@@ -165,6 +171,12 @@ def main(argv):
   instruction = pick("instruction", run_cfg.data.instruction if run_cfg else None)
   if instruction is None:
     instruction = data_lib.DEFAULT_INSTRUCTION
+  run_template = run_cfg.data.get("chat_template", "") if run_cfg else ""
+  chat_template = pick("chat_template", run_template) or ""
+  try:
+    chat_templates.check(chat_template)  # a bad value stops here, before sampling
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   rcfg = settings.frozen(RewardConfig, run_cfg.reward) if run_cfg else RewardConfig()
   rcfg = dataclasses.replace(rcfg, integer_answers=FLAGS.integer_answers)
   default_domain = FLAGS.domain or rcfg.domain
@@ -189,7 +201,7 @@ def main(argv):
         told = data_lib.CODE_INSTRUCTION
       prompts = [
         Prompt(
-          tuple(data_lib.format_prompt(tok, e.problem, told)),
+          tuple(data_lib.format_prompt(tok, e.problem, told, chat_template)),
           e.answer,
           e.problem,
           name,

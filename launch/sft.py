@@ -22,6 +22,11 @@ flags.DEFINE_string("workdir", "workdir/sft", "Output directory.")
 flags.DEFINE_string("problem_field", "prompt", "Prompt column (chat-templated).")
 flags.DEFINE_string("completion_field", "completion", "Completion column.")
 flags.DEFINE_string("instruction", "", "Appended to each prompt.")
+flags.DEFINE_string(
+  "chat_template",
+  "",
+  "Prompt template: '' (the tokenizer's), 'none' (raw text), 'chatml', or a Jinja file.",
+)
 flags.DEFINE_integer("steps", 500, "Optimizer steps (unless --epochs).")
 flags.DEFINE_float("epochs", 0.0, "Passes over the pairs instead of --steps (QbQ's M0: 3).")
 flags.DEFINE_float(
@@ -87,6 +92,7 @@ def main(argv):
       learner_cfg=lc,
       mesh=mesh,
       instruction=FLAGS.instruction,
+      chat_template=FLAGS.chat_template,
       steps=steps,
       batch_size=FLAGS.batch_size,
       seed=FLAGS.seed,

@@ -8,8 +8,8 @@ Rerunning the same command resumes from the work dir's last checkpoint; Ctrl-C
 or SIGTERM stops after the current step with a checkpoint saved.
 """
 
-import json
 import os
+import re
 import signal
 import sys
 
@@ -29,7 +29,12 @@ class _ListParser(flags.ArgumentParser):
     if text.startswith(("[", "(")):
       import ast
 
-      return list(ast.literal_eval(text))
+      try:
+        return list(ast.literal_eval(text))
+      except (SyntaxError, ValueError, TypeError):
+        raise ValueError(
+          f"must be comma-separated items or a Python list, got {argument!r}"
+        ) from None
     return [part.strip() for part in text.split(",") if part.strip()]
 
   def flag_type(self):
@@ -57,6 +62,47 @@ flags.DEFINE_bool(
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 
+# absl's reasons for a value it could not parse -> what the field must be.
+_PARSE_REASONS = (
+  (re.compile(r"^\('Non-boolean argument to boolean flag', .*\)$"), "must be true or false"),
+  (re.compile(r"^invalid literal for int\(\)"), "must be an integer"),
+  (re.compile(r"^could not convert string to float"), "must be a number"),
+)
+
+
+def _unknown_key(text: str, argv) -> str:
+  """ml_collections' "'stepz' Did you mean "steps"..." as the key's path in the config."""
+  said = re.fullmatch(r"""["']*([\w-]+)["']*(?: Did you mean "([^"]+)".*)?""", text)
+  if said is None:  # an AttributeError of the config file's own code
+    return text
+  key, hint = said.groups()
+  for arg in argv[1:]:
+    name = arg.lstrip("-").split("=", 1)[0]
+    parts = name.split(".")
+    if parts[0] == "config" and key in parts[1:]:
+      path = parts[1 : parts.index(key, 1)]
+      break
+  else:
+    path = []
+  line = f"unknown config field {'.'.join([*path, key])}"
+  return line + (f"; did you mean {'.'.join([*path, hint])}?" if hint else "")
+
+
+def flag_error(e: Exception, argv) -> str:
+  """One line for a flag or config key absl / ml_collections refused: the field as the
+  config names it (rl.steps), what it must be, the value given."""
+  text = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split())
+  if isinstance(e, (AttributeError, KeyError)):  # ml_collections: a key that does not exist
+    return _unknown_key(text, argv)
+  bad = re.match(r"^flag --([^=\s]+)=(.*?): (.*)$", text)
+  if isinstance(e, flags.IllegalFlagValueError) and bad:
+    name, value, why = bad.groups()
+    field = name[len("config.") :] if name.startswith("config.") else f"--{name}"
+    must = next((must for pattern, must in _PARSE_REASONS if pattern.match(why)), None)
+    return f"{field}: {must}, got {value!r}" if must else f"{field}: {why}"
+  return text
+
+
 def parse_flags(argv):
   """absl parsing, with a bad flag or config key reported in one line (exit 2)."""
   try:
@@ -64,11 +110,57 @@ def parse_flags(argv):
     FLAGS.config.to_dict()  # config files load lazily: fail here, not inside the run
     return rest
   except Exception as e:  # noqa: BLE001 - flags / config_flags raise many kinds
-    text = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split()).strip("'\" ")
-    if isinstance(e, AttributeError):  # ml_collections: a config key that does not exist
-      text = f"unknown config field {text}"
-    sys.stderr.write(f"launch.train: {text}\n")
+    sys.stderr.write(f"launch.train: {flag_error(e, argv)}\n")
     sys.exit(2)
+
+
+# summary.json fields every run has; the method adds its own (`Method.summary`).
+_RUN_FIELDS = (
+  "steps",
+  "eval_before_rl",
+  "eval_after_rl",
+  "time_s_this_invocation",
+  "method",
+  "model_dir",
+  "workdir",
+)
+
+
+def _rates(before: dict | None, after: dict | None) -> list[str]:
+  """One line per eval set: pass@1 and the largest k, before -> after RL."""
+  before, after = before or {}, after or {}
+  lines = []
+  for name in dict.fromkeys([*before, *after]):
+    b, a = before.get(name, {}), after.get(name, {})
+    ks = sorted({*b, *a}, key=lambda k: int(k.split("@")[1]))
+    shown = []
+    for k in dict.fromkeys([ks[0], ks[-1]]) if ks else ():
+      values = [f"{100 * r[k]:.1f}%" for r in (b, a) if k in r]
+      shown.append(f"{k} {' -> '.join(values)}")
+    lines.append(f"{name}: {', '.join(shown)}" + (" (before -> after RL)" if b and a else ""))
+  return lines
+
+
+def summary_lines(summary: dict, workdir: str) -> list[str]:
+  """The end of a run in a few lines: steps, held-out rates, the method's own figures (its
+  per-step lists stay in summary.json), where the rest is."""
+  lines = [
+    f"RL: {summary['steps']} steps of {summary['method']} "
+    f"({summary['time_s_this_invocation']:.0f} s in this invocation)"
+  ]
+  lines += _rates(summary.get("eval_before_rl"), summary.get("eval_after_rl"))
+  own = [
+    f"{k} {v}"
+    for k, v in summary.items()
+    if k not in _RUN_FIELDS and isinstance(v, (int, float, str))
+  ]
+  if own:
+    lines.append(f"{summary['method']}: {', '.join(own)}")
+  lines.append(
+    f"summary: {workdir}/summary.json (all figures and per-step lists; plots: training.png, "
+    "pass_at_k.png and the method's own .png beside it)"
+  )
+  return lines
 
 
 def _plan_command() -> str:
@@ -94,7 +186,7 @@ def main(argv):
   if FLAGS.print_config:
     print(cfg)
     return
-  from rlvr import fileio, loop, oom, runner
+  from rlvr import fileio, loop, oom, progress, runner
   from rlvr.rewards.code import CodeSandboxError
   from rlvr.sampling.assistant import AssistantError
   from rlvr.sampling.vllm_sampler import SamplerError
@@ -136,14 +228,17 @@ def main(argv):
   signal.signal(signal.SIGTERM, _interrupt)
   signal.signal(signal.SIGINT, _interrupt)
   try:
-    summary = runner.run(cfg)
+    with progress.messages_above_bars():  # library log lines and warnings, not into a bar
+      summary = runner.run(cfg)
   except KeyboardInterrupt as e:
     signal.setitimer(signal.ITIMER_REAL, 0)
     if FLAGS.verbose:
       raise
     signum = e.args[0] if e.args and isinstance(e.args[0], int) else signal.SIGINT
+    if not progress.close_bars():  # else the line starts after the terminal's "^C"
+      sys.stderr.write("\n")
     sys.stderr.write(
-      f"\nstopped by {signal.Signals(signum).name} outside a training step; the "
+      f"stopped by {signal.Signals(signum).name} outside a training step; the "
       f"finished phases are kept under {cfg.workdir}; rerun the same command "
       "to resume\n"
     )
@@ -170,14 +265,7 @@ def main(argv):
     line = disk or oom.describe(e, plan=_plan_command())
     sys.stderr.write(f"launch.train: {line} (--verbose for the traceback)\n")
     sys.exit(1)
-  print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=2))
-  for k, v in summary.items():  # per-step lists on one line each
-    if isinstance(v, list):
-      print(f"{k}: {json.dumps(v)}")
-  print(
-    f"summary: {os.path.abspath(cfg.workdir)}/summary.json (plots: training.png, "
-    "pass_at_k.png and the method's own .png beside it)"
-  )
+  print("\n".join(summary_lines(summary, os.path.abspath(cfg.workdir))))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ def save(directory: str, buf: Buffer) -> str:
         "rewards": g.rewards.astype(np.float32).tolist(),
         "correct": g.correct.astype(bool).tolist(),
         "completions": [[c.text, c.finish_reason, c.weight_version] for c in g.completions],
+        "tags": g.tags,
       }
       for g in buf.groups
     ],
@@ -93,6 +94,7 @@ def load(directory: str, step: int) -> Buffer:
         comps,
         np.asarray(g["rewards"], np.float32),
         np.asarray(g["correct"], bool),
+        dict(g.get("tags", {})),
       )
     )
   return Buffer(int(meta["step"]), groups, meta["metrics"], int(meta["version"]))

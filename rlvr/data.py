@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from rlvr import chat_templates
+
 log = logging.getLogger(__name__)
 
 # The solving instruction of the Qwen2.5-Math evaluations the papers report (so held-out
@@ -61,13 +63,22 @@ class DatasetError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-  """One problem with its verifiable answer; `index` is the row index in its file."""
+  """One problem with its verifiable answer; `index` is the row index in its file, `path`
+  that file ("" for a problem made in code)."""
 
   problem: str
   answer: str
   source: str = ""
   index: int = -1
   solution: str | None = None
+  path: str = ""
+
+  def where(self) -> str:
+    """How messages name the row: "set.jsonl: line 4 (row index 3)"; "row index 3" for a
+    problem made in code."""
+    if not self.path:
+      return f"row index {self.index}"
+    return f"{self.path}: {row_label(self.path, self.index)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +280,7 @@ def _finite_or_text(answer: str) -> bool:
 
 
 def _to_example(
-  row: Any, index: int, problem_fields, answer_fields, default_source: str
+  row: Any, index: int, problem_fields, answer_fields, default_source: str, path: str = ""
 ) -> Example | str:
   """The row's Example, or the reason it is bad."""
   if not isinstance(row, Mapping):
@@ -302,6 +313,7 @@ def _to_example(
     source=source if isinstance(source, str) else default_source,
     index=index,
     solution=solution if isinstance(solution, str) and solution.strip() else None,
+    path=path,
   )
 
 
@@ -342,7 +354,7 @@ def read_dataset(
   examples, bad_rows, num_rows = [], [], 0
   for index, row, error in _READERS[ext](path):
     num_rows += 1
-    result = error or _to_example(row, index, problem_fields, answer_fields, default_source)
+    result = error or _to_example(row, index, problem_fields, answer_fields, default_source, path)
     if isinstance(result, Example):
       examples.append(result)
       if limit is not None and len(examples) >= limit:
@@ -372,14 +384,37 @@ def user_message(problem: str, instruction: str = DEFAULT_INSTRUCTION) -> str:
   return f"{problem}\n\n{instruction}" if instruction else problem
 
 
-def format_prompt(tokenizer, problem: str, instruction: str = DEFAULT_INSTRUCTION) -> list[int]:
-  """Token ids of the chat-templated user turn, ending with the assistant header.
+def format_prompt(
+  tokenizer, problem: str, instruction: str = DEFAULT_INSTRUCTION, chat_template: str = ""
+) -> list[int]:
+  """Token ids of the prompt the policy sees: the user turn (problem and instruction) in the
+  chat template `chat_template` names (`rlvr.chat_templates`: "" the tokenizer's own, "none"
+  the text as it is, "chatml", a Jinja file), ending with the assistant header.
 
   transformers 5 returns a BatchEncoding from apply_chat_template(tokenize=True),
   older versions a plain list; both end up as a list of Python ints.
   """
-  messages = [{"role": "user", "content": user_message(problem, instruction)}]
-  ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+  text = user_message(problem, instruction)
+  if chat_templates.is_raw(chat_template):
+    return [int(t) for t in tokenizer(text)["input_ids"]]
+  template = chat_templates.source(chat_template)
+  if template is None and not getattr(tokenizer, "chat_template", None):
+    raise ValueError(
+      f"{chat_templates.FIELD}: the tokenizer has no chat template of its own; choose one "
+      f"(chatml, a Jinja file) or {chat_templates.NONE!r} for the prompt text as it is"
+    )
+  import jinja2  # what transformers renders templates with
+
+  messages = [{"role": "user", "content": text}]
+  try:
+    ids = tokenizer.apply_chat_template(
+      messages, chat_template=template, add_generation_prompt=True, tokenize=True
+    )
+  except jinja2.TemplateError as e:
+    which = repr(chat_template) if template is not None else "the tokenizer's template"
+    raise ValueError(
+      f"{chat_templates.FIELD}: {which} does not render: {type(e).__name__}: {e}"
+    ) from None
   if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
     ids = ids["input_ids"]
   return [int(t) for t in ids]

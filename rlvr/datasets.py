@@ -14,8 +14,8 @@ import json
 import os
 from typing import Callable
 
+from rlvr import chat_templates, settings
 from rlvr import data as data_lib
-from rlvr import settings
 from rlvr.tasks import arithmetic, composed, humaneval
 
 
@@ -85,6 +85,7 @@ class DataConfig:
 
   kind: str = "files"  # "files" or "arithmetic" (procedural)
   instruction: str = data_lib.DEFAULT_INSTRUCTION  # appended to every problem to solve
+  chat_template: str = ""  # ""/"tokenizer": its own; "none": raw text; "chatml"; a Jinja file
   arithmetic: ArithmeticConfig = ArithmeticConfig()
   train_path: str = ""  # parquet (verl) / jsonl / json
   extra_train_paths: tuple[str, ...] = ()  # more training files, appended (e.g. composed
@@ -104,6 +105,7 @@ class DataConfig:
       raise ValueError(f"eval_limit: must be >= 0 (0 = every problem), got {self.eval_limit}")
     if self.on_bad_row not in BAD_ROW_POLICIES:
       raise ValueError(f"on_bad_row: unknown {self.on_bad_row!r}; expected skip|error")
+    chat_templates.check(self.chat_template)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,8 +103,8 @@ def _keeping(score_fn: Callable, notes: list) -> Callable:
   """`score_fn` as `rollout` calls it, (rewards, correct), its notes (if any) added to
   `notes` in response order."""
 
-  def score(texts, golds):
-    out = score_fn(texts, golds)
+  def score(texts, golds, prompts=None):
+    out = score_fn(texts, golds, prompts=prompts)
     notes.extend(out[2] if len(out) > 2 else [{}] * len(texts))
     return out[0], out[1]
 
@@ -123,8 +123,8 @@ def evaluate_set(
   """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...],
   "skipped_too_long": count}.
 
-  `score_fn(texts, golds)` returns (rewards, correct) or (rewards, correct, notes), a
-  verifier's `judge`: the notes go into the samples file with their responses.
+  `score_fn(texts, golds, prompts=None)` returns (rewards, correct) or (rewards, correct,
+  notes), a verifier's `judge`: the notes go into the samples file with their responses.
 
   Each batch of prompts is one `rlvr.loop.rollout`, as in training. With the
   model's `context` (max positions), prompts that cannot fit prompt + max_tokens
@@ -273,29 +273,39 @@ def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation
   return {"markdown": os.path.join(outdir, "eval.md")}
 
 
-def plot_comparison(reports: dict[str, dict], path: str, title: str = "pass@k") -> str:
-  """pass@k curves of several evaluations ({label: {set: evaluate_set result}}) on one
-  figure, one panel per eval set, same y-range, error bars clipped to [0, 1]."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+def comparison_figure(reports: dict[str, dict], title: str = "pass@k"):
+  """The matplotlib Figure `plot_comparison` saves (see there)."""
+  from matplotlib.figure import Figure
 
   sets = sorted({name for r in reports.values() for name in r})
-  fig, axes = plt.subplots(1, len(sets), figsize=(4.5 * len(sets), 3.5), squeeze=False)
+  fig = Figure(figsize=(4.5 * len(sets), 3.5))
+  axes = fig.subplots(1, len(sets), squeeze=False)
+  ends = []  # the lowest and highest point of every error bar
   for ax, name in zip(axes[0], sets):
     for label, results in reports.items():
       if name not in results:
         continue
       _pass_at_k_curve(ax, results[name], label)
+      for mean, std in results[name]["pass@k"].values():
+        ends += [max(mean - std, 0.0), min(mean + std, 1.0)]
     ax.set_xscale("log", base=2)
-    ax.set_ylim(0, 1)
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k")
     ax.set_title(f"{title}: {name}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+  if ends:  # fitted to the data, so that a gain of a few points shows; a rate stays in [0, 1]
+    low, high = min(ends), max(ends)
+    pad = max(0.15 * (high - low), 0.02)
+    for ax in axes[0]:
+      ax.set_ylim(max(low - pad, -0.02), min(high + pad, 1.02))
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  return fig
+
+
+def plot_comparison(reports: dict[str, dict], path: str, title: str = "pass@k") -> str:
+  """pass@k curves of several evaluations ({label: {set: evaluate_set result}}) on one
+  figure, one panel per eval set; every panel has the same y-range, fitted to the data with
+  a margin (within [0, 1]); error bars clipped to [0, 1]."""
+  comparison_figure(reports, title).savefig(path, dpi=110)
   return path

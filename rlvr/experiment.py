@@ -24,7 +24,7 @@ from rlvr.sampling.config import SamplerConfig
 @dataclasses.dataclass(frozen=True)
 class ModelSource:
   path: str = ""  # HF dir or hub id of the policy; "" = a tiny random one
-  cache_dir: str = "~/.cache/rlvr"  # where tiny models are cached
+  cache_dir: str = ""  # where tiny models are cached; "" = $RLVR_CACHE_DIR, else ~/.cache/rlvr
   tiny: dict = dataclasses.field(default_factory=dict)  # make_tiny overrides (path "")
 
 
@@ -146,6 +146,9 @@ def check(cfg) -> Settings:
   )
   if cfg.rl.steps < 0:
     raise ValueError(f"rl.steps: must be >= 0, got {cfg.rl.steps}")
+  every = cfg.rl.log_samples_every
+  if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+    raise ValueError(f"rl.log_samples_every: must be an integer >= 0 (0 = off), got {every!r}")
   lc, rl = s.rl_learner, s.rl_loop
   if lc.lora.rank:  # the RL loop samples and re-scores with state.params as the policy
     raise ValueError(

@@ -14,12 +14,13 @@ elsewhere.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from rlvr import named
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 TIS_LEVELS = ("token", "sequence")
@@ -132,7 +133,7 @@ ADVANTAGES: dict[str, Callable] = {
 
 def advantage_fn(name: str) -> Callable:
   """The estimator `name` selects: a key of ADVANTAGES or "package.module:function"."""
-  return _registered("advantage", name, ADVANTAGES, "an estimator")
+  return named.load("advantage", name, ADVANTAGES, "an estimator")
 
 
 def advantages(
@@ -344,28 +345,9 @@ POLICY_LOSSES: dict[str, Callable] = {
 }
 
 
-def _registered(field: str, name: str, known: dict, what: str) -> Callable:
-  """known[name], or the function "package.module:function" names; else a one-line error."""
-  if name in known:
-    return known[name]
-  if ":" not in name:
-    raise ValueError(
-      f"{field}: unknown {name!r}; known: {sorted(known)}, or "
-      f"'package.module:function' for {what} defined elsewhere"
-    )
-  module, attr = name.split(":", 1)
-  try:
-    fn = getattr(importlib.import_module(module), attr)
-  except (ImportError, AttributeError) as e:
-    raise ValueError(f"{field}: cannot load {name!r}: {e}") from e
-  if not callable(fn):
-    raise ValueError(f"{field}: {name!r} is not a function")
-  return fn
-
-
 def policy_loss_fn(name: str) -> Callable:
   """The policy loss `name` selects: a key of POLICY_LOSSES or "package.module:function"."""
-  return _registered("policy_loss", name, POLICY_LOSSES, "a loss")
+  return named.load("policy_loss", name, POLICY_LOSSES, "a loss")
 
 
 def policy_loss(

@@ -4,14 +4,16 @@ The first SIGINT or SIGTERM asks the loop to stop after the step it is in
 (so the state is consistent and a checkpoint can be saved); a second one
 stops at once. Loops check `agreed()` after each step (`requested` on any process of a multi-host
 run), save, and call `exit(where)`, which prints one line saying where the run stopped and how to
-resume, then exits with 128 + the signal number.
+resume, then exits with 128 + the signal number. Both lines print above the progress bar
+(`rlvr.progress`), not into it.
 """
 
 from __future__ import annotations
 
 import signal
-import sys
 import threading
+
+from rlvr import progress
 
 
 class GracefulStop:
@@ -48,11 +50,9 @@ class GracefulStop:
     if self.signum is not None:  # a second signal: stop now
       raise KeyboardInterrupt(signum)
     self.signum = signum
-    print(
-      f"\n{signal.Signals(signum).name}: finishing this {self.phase} step, then saving a "
-      "checkpoint (signal again to stop at once)",
-      file=sys.stderr,
-      flush=True,
+    progress.say(
+      f"{signal.Signals(signum).name}: finishing this {self.phase} step, then saving a "
+      "checkpoint (signal again to stop at once)"
     )
 
   def __enter__(self) -> GracefulStop:
@@ -65,10 +65,9 @@ class GracefulStop:
       signal.signal(s, handler)
 
   def exit(self, where: str):
-    """Prints where the run stopped and exits non-zero (128 + signal)."""
-    print(
-      f"stopped by {signal.Signals(self.signum).name} {where}; rerun the same command to resume",
-      file=sys.stderr,
-      flush=True,
+    """Ends the progress bars, prints where the run stopped and exits non-zero (128 + signal)."""
+    progress.close_bars()
+    progress.say(
+      f"stopped by {signal.Signals(self.signum).name} {where}; rerun the same command to resume"
     )
     raise SystemExit(128 + self.signum)

@@ -32,6 +32,17 @@ class NoSignalError(RuntimeError):
   """Every sampled group had zero reward variance for all allowed rounds."""
 
 
+def no_signal_fix(solve_all: float, solve_none: float) -> str:
+  """What to change when no group has mixed rewards, from the fractions of groups all right
+  and all wrong."""
+  if solve_none >= solve_all:  # an untrained (random) policy gets everything wrong
+    return (
+      "the problems are too hard for the policy: warm-start it with SFT (sft.steps > 0, "
+      "on worked solutions) or start from a trained checkpoint (model.path)"
+    )
+  return "the problems are too easy for the policy: give harder ones"
+
+
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
   prompts_per_step: int = 32  # groups in one update
@@ -163,6 +174,8 @@ class Group:
   completions: list[Completion]
   rewards: np.ndarray  # [G] float
   correct: np.ndarray  # [G] bool
+  tags: dict[str, str] = dataclasses.field(default_factory=dict)  # a method's labels of the
+  # group (SvS: data_type), written with its responses to the samples log (`samples_log`)
 
   @property
   def mixed(self) -> bool:
@@ -171,7 +184,8 @@ class Group:
     return bool(self.correct.any() and not self.correct.all())
 
 
-ScoreFn = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray]]
+# (texts, golds, prompts=None) -> (rewards, correct): prompts, the problem statement of each text
+ScoreFn = Callable[..., tuple[np.ndarray, np.ndarray]]
 GenerateFn = Callable[[list[Sequence[int]], SamplingParams], list[list[Completion]]]
 
 
@@ -184,12 +198,14 @@ def rollout(
 ) -> list[Group]:
   """Samples sp.n responses per prompt (one generate call) and scores them.
 
+  The scorer gets each response's problem statement (`Prompt.text`) as `prompts`.
   shape(completions, rewards) -> rewards adds shaping terms to the verifier's.
   """
   outs = generate([list(p.ids) for p in prompts], sp)
   texts = [c.text for group in outs for c in group]
   golds = [p.answer for p in prompts for _ in range(sp.n)]
-  rewards, correct = score_fn(texts, golds)
+  problems = [p.text for p in prompts for _ in range(sp.n)]
+  rewards, correct = score_fn(texts, golds, prompts=problems)
   if shape is not None:
     rewards = shape([c for group in outs for c in group], rewards)
   rewards = np.asarray(rewards, np.float32).reshape(len(prompts), sp.n)
@@ -266,9 +282,9 @@ class StepEnv:
     self.generated_tokens += sum(len(c.token_ids) for g in outs for c in g)
     return outs
 
-  def score(self, texts: list[str], golds: list[str]):
+  def score(self, texts: list[str], golds: list[str], prompts: list[str] | None = None):
     t = time.perf_counter()
-    out = self._score_fn(texts, golds)
+    out = self._score_fn(texts, golds, prompts=prompts)
     self.time_score += time.perf_counter() - t
     for k, v in getattr(out, "counts", {}).items():
       self.verdicts[k] = self.verdicts.get(k, 0) + v
@@ -348,8 +364,9 @@ def gather_groups(env: StepEnv, draw: Callable[[int], list[Prompt]], step: int):
     raise NoSignalError(
       f"step {step}: no group with mixed rewards in {len(sampled)} prompts over "
       f"{cfg.max_extra_rounds + 1} rounds (solve_all {stats['solve_all']:.0%}, "
-      f"solve_none {stats['solve_none']:.0%}); the data is too easy or too hard for "
-      "the policy, or raise max_extra_rounds"
+      f"solve_none {stats['solve_none']:.0%}); "
+      f"{no_signal_fix(stats['solve_all'], stats['solve_none'])}; "
+      "or raise rl.loop.max_extra_rounds"
     )
   env.report_rollouts(sampled, kept, cfg.max_extra_rounds + 1)
   return kept, sampled, cfg.max_extra_rounds + 1
@@ -384,7 +401,8 @@ class Buffer:
 
   version: the sampler's weight version when the build began; started / ended:
   `time.perf_counter()` stamps of the build; generated_tokens: tokens its generate calls
-  produced (a resumed method may reuse stored work, so this is a timing, not a metric).
+  produced (a resumed method may reuse stored work, so this is a timing, not a metric);
+  sampled: the groups its rollout metrics describe (`StepEnv.report_rollouts`).
   """
 
   step: int
@@ -394,6 +412,7 @@ class Buffer:
   started: float = 0.0
   ended: float = 0.0
   generated_tokens: int = 0
+  sampled: list[Group] = dataclasses.field(default_factory=list)
 
 
 def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
@@ -415,7 +434,8 @@ def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
   )
   t1 = time.perf_counter()
   m["time_buffer"] = t1 - t0
-  return Buffer(step, list(groups), m, version, t0, t1, env.generated_tokens)
+  sampled = list(env.reported[0]) if env.reported is not None else []
+  return Buffer(step, list(groups), m, version, t0, t1, env.generated_tokens, sampled)
 
 
 def staleness_metrics(buf: Buffer) -> dict[str, float]:
@@ -504,6 +524,7 @@ def rl_step(
   to_batch: Callable[[dict], Any],
   logp_fn=None,
   rollouts: Rollouts | None = None,
+  samples=None,
 ):
   """One RL step of any method (`rlvr.methods.base.Method`). Returns (new state, metrics).
 
@@ -513,6 +534,8 @@ def rl_step(
   rows when multi-host); logp_fn: the learner's (params, batch) -> logp, needed
   when a buffer makes several optimizer steps (rl.ppo_mini_batch_size, ppo_epochs).
   rollouts: when the buffers are built (`Rollouts`; default: strict alternation).
+  samples: a `samples_log.SamplesLog`; on the steps it is due, it writes the responses of
+  the step's buffer (after the step's timings are taken).
   The sampler gets the new weights at version step + 1, also when the buffer is
   empty and the update is skipped. Where `method.resets_optimizer(step)`, that
   step's update starts from fresh optimizer moments (QbQ: every round).
@@ -547,6 +570,8 @@ def rl_step(
   end = time.perf_counter()
   if own:
     rollouts.close()
+  if samples is not None and samples.due(step):
+    samples.write(step, buf.groups, buf.sampled)
   built = rollouts.built
   step_s = end - t0
   m.update(

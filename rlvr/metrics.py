@@ -8,7 +8,8 @@ import math
 import os
 import secrets
 import string
-from typing import Any, Iterable, Mapping
+import time
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -104,8 +105,53 @@ class WandbTracker:
   def log(self, row: Mapping[str, Any]) -> None:
     self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float))})
 
+  def log_table(self, step: int, tag: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Rows as a wandb Table at `step` (the columns of the first row; values other than
+    numbers, strings and booleans as JSON)."""
+    wandb = import_wandb()
+    cols = list(rows[0])
+    cell = lambda v: v if isinstance(v, (int, float, str, bool)) else json.dumps(v)
+    table = wandb.Table(columns=cols, data=[[cell(r.get(c)) for c in cols] for r in rows])
+    self.run.log({tag: table, "step": int(step)})
+
   def close(self) -> None:
     self.run.finish()
+
+
+def _drop_tensorboard_steps(logdir: str, step: int) -> None:
+  """Removes the events at or past `step` from the TensorBoard files in `logdir` (a file left
+  with none is deleted), so that the steps a resumed run logs again appear once. Records are
+  copied whole (length, checksums and all); one cut short by a crash, and what follows bytes
+  that are no record, is dropped."""
+  from google.protobuf.message import DecodeError
+  from tensorboardX.proto import event_pb2
+
+  if not os.path.isdir(logdir):
+    return
+  for name in sorted(os.listdir(logdir)):
+    if not name.startswith("events.out.tfevents."):
+      continue
+    path = os.path.join(logdir, name)
+    with open(path, "rb") as f:
+      data = f.read()
+    kept, scalars, pos = [], 0, 0
+    while pos + 12 <= len(data):  # a record: u64 length, u32 crc, data, u32 crc
+      end = pos + 12 + int.from_bytes(data[pos : pos + 8], "little") + 4
+      if end > len(data):
+        break
+      try:
+        event = event_pb2.Event.FromString(data[pos + 12 : end - 4])
+      except DecodeError:  # bytes that are no record: the rest of the file goes
+        break
+      if event.HasField("file_version") or event.step < step:
+        kept.append(data[pos:end])
+        scalars += event.HasField("summary")
+      pos = end
+    if not scalars:
+      os.remove(path)
+    elif sum(map(len, kept)) < len(data):
+      with fileio.atomic_open(path, "wb") as f:
+        f.write(b"".join(kept))
 
 
 class MetricsWriter:
@@ -114,7 +160,9 @@ class MetricsWriter:
   `config`: what the wandb run records as its config).
 
   Reopening an existing file after a resume drops rows at or past `resume_step`
-  so the file stays one row per step.
+  so the file stays one row per step; the TensorBoard files drop those steps too (a new
+  events file holds the rest). A NaN or infinite value is written to metrics.jsonl as it
+  is and left out of TensorBoard.
   """
 
   def __init__(
@@ -143,7 +191,12 @@ class MetricsWriter:
       try:
         from tensorboardX import SummaryWriter
 
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        logdir = os.path.join(workdir, "tensorboard")
+        if resume_step is not None:
+          _drop_tensorboard_steps(logdir, resume_step)
+        # tensorboardX names a file by the second and the host: a writer opened in the same
+        # second as the last one would empty that one's file, or (any suffix) sort before it.
+        self._tb = SummaryWriter(logdir, filename_suffix=f".{time.time_ns()}")
       except ImportError:  # optional: jsonl and plots still work
         self._tb = None
 
@@ -156,11 +209,22 @@ class MetricsWriter:
     self._f.flush()
     if self._tb is not None:
       for k, v in row.items():
-        if isinstance(v, (int, float)) and k != "step":
+        if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
           self._tb.add_scalar(k, v, step)
       self._tb.flush()
     if self._wandb is not None:
       self._wandb.log(row)
+
+  def write_table(self, step: int, tag: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Rows of text at `step` under `tag`: TensorBoard's Text tab (`markdown`), a wandb
+    Table; not in metrics.jsonl."""
+    if not self.enabled or not rows:
+      return
+    if self._tb is not None:
+      self._tb.add_text(tag, markdown(rows), step)
+      self._tb.flush()
+    if self._wandb is not None:
+      self._wandb.log_table(step, tag, rows)
 
   def close(self) -> None:
     if not self.enabled:
@@ -170,6 +234,22 @@ class MetricsWriter:
       self._tb.close()
     if self._wandb is not None:
       self._wandb.close()
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+  """Rows as Markdown, one block each: its short fields on one line, then each text field
+  of several lines or over 60 characters as an indented code block (shown as written)."""
+  long = lambda v: isinstance(v, str) and ("\n" in v or len(v) > 60)
+  blocks = []
+  for r in rows:
+    head = ", ".join(f"{k} **{v}**" for k, v in r.items() if not long(v))
+    body = [
+      f"{k}:\n\n" + "\n".join("    " + line for line in v.split("\n"))
+      for k, v in r.items()
+      if long(v)
+    ]
+    blocks.append("\n\n".join([head, *body]))
+  return "\n\n---\n\n".join(blocks)
 
 
 def _jsonable(v):

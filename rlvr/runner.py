@@ -33,6 +33,7 @@ from rlvr import (
   learner,
   loop,
   methods,
+  samples_log,
   settings,
   sft,
   shaping,
@@ -116,12 +117,13 @@ class Run:
     return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
   def encode(self, text: str) -> list[int]:
-    """Solving prompt: the problem plus the run's instruction, chat-templated."""
-    return format_prompt(self.tokenizer, text, self.cfg.data.instruction)
+    """Solving prompt: the problem plus the run's instruction, in the run's chat template."""
+    d = self.cfg.data
+    return format_prompt(self.tokenizer, text, d.instruction, d.chat_template)
 
   def encode_task(self, text: str) -> list[int]:
-    """Any other task prompt (synthesis, composition): chat template only."""
-    return format_prompt(self.tokenizer, text, "")
+    """Any other task prompt (synthesis, composition): the run's chat template only."""
+    return format_prompt(self.tokenizer, text, "", self.cfg.data.chat_template)
 
   def prompts(self, examples, source: str) -> list[loop.Prompt]:
     return [
@@ -134,18 +136,33 @@ class Run:
 
 
 # --------------------------------------------------------------------- phases
+CACHE_ENV = "RLVR_CACHE_DIR"  # where tiny models are cached when model.cache_dir is ""
+
+
+def cache_dir(setting: str) -> str:
+  """model.cache_dir, else $RLVR_CACHE_DIR, else ~/.cache/rlvr."""
+  return os.path.expanduser(setting or os.environ.get(CACHE_ENV) or "~/.cache/rlvr")
+
+
 def prepare_model(cfg) -> str:
-  """The HF dir to start from: `model.path`, or a cached `make_tiny` build."""
+  """The HF dir to start from: `model.path`, or a cached `make_tiny` build (a line names
+  the cache, which is outside the work dir)."""
   if cfg.model.path:
     return hub.resolve(cfg.model.path, "model.path")
   tiny = cfg.model.tiny.to_dict() if hasattr(cfg.model.tiny, "to_dict") else dict(cfg.model.tiny)
   key = hashlib.sha1(json.dumps(tiny, sort_keys=True).encode()).hexdigest()[:10]
-  path = os.path.join(os.path.expanduser(cfg.model.cache_dir), f"tiny-{key}")
-  if not os.path.exists(os.path.join(path, "config.json")):
+  path = os.path.join(cache_dir(cfg.model.cache_dir), f"tiny-{key}")
+  built = not os.path.exists(os.path.join(path, "config.json"))
+  if built:
     tmp = path + f".tmp{os.getpid()}"
     model_lib.make_tiny(tmp, **tiny)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     os.replace(tmp, path)
+  print(
+    f"model: tiny random model {'built in' if built else 'from'} {path} (cache dir: "
+    f"model.cache_dir, else ${CACHE_ENV}, else ~/.cache/rlvr)",
+    flush=True,
+  )
   return path
 
 
@@ -191,11 +208,30 @@ def _flat(d: dict, prefix: str) -> dict:
   return out
 
 
+# Settings that change where a phase's inputs are kept, not what the phase makes.
+_PLACE_ONLY = ("model.cache_dir",)
+
+
+def _defaults() -> dict:
+  """Every phase setting at its default: a field a record predates ran at its default."""
+  sections = {
+    "data.": datasets.DataConfig,
+    "model.": experiment.ModelSource,
+    "sft.": experiment.SFTConfig,
+    "eval.": experiment.EvalSection,
+  }
+  out = {}
+  for prefix, cls in sections.items():
+    out.update(_flat(json.loads(json.dumps(settings.section(cls).to_dict())), prefix))
+  return out
+
+
 def phase_settings(cfg) -> dict[str, dict]:
   """The settings each reusable phase depends on, flat ("sft.steps": 400, ...)."""
   d = json.loads(json.dumps(cfg.to_dict()))  # tuples as lists, as progress.json holds them
   data = _flat(d["data"], "data.")
-  made = {"seed": d["seed"], **_flat(d["model"], "model."), **data}
+  model = {k: v for k, v in _flat(d["model"], "model.").items() if k not in _PLACE_ONLY}
+  made = {"seed": d["seed"], **model, **data}
   return {
     "sft": {**made, **_flat(d["sft"], "sft.")},
     "eval": {**made, **_flat(d["eval"]["sampling"], "eval.sampling.")},
@@ -207,7 +243,13 @@ def check_phases(run: Run) -> None:
   line naming the first changed field; settings of phases not yet recorded are recorded."""
   done = run.progress.setdefault("settings", {})
   for phase, now in phase_settings(run.cfg).items():
-    was = done.setdefault(phase, now)
+    recorded = done.setdefault(phase, now)
+    was = {k: v for k, v in recorded.items() if k not in _PLACE_ONLY}
+    # A field the record predates ran at its default; it is recorded from now on.
+    defaults = _defaults()
+    for k in set(now) - set(was):
+      if k in defaults and now[k] == defaults[k]:
+        was[k] = recorded[k] = now[k]
     changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
     if changed:
       k = changed[0]
@@ -231,6 +273,7 @@ def warm_start(run: Run) -> str:
     learner_cfg=settings.frozen(learner.LearnerConfig, c.sft.learner),
     mesh=run.mesh,
     instruction=c.data.instruction,
+    chat_template=c.data.chat_template,
     steps=c.sft.steps,
     batch_size=c.sft.batch_size,
     seed=c.seed,
@@ -341,6 +384,14 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
     logging=settings.frozen(experiment.LoggingConfig, c.logging, prefix="logging."),
     config=c.to_dict(),
   )
+  samples = samples_log.SamplesLog(  # rl.log_samples_every: workdir/samples/step_<k>.jsonl
+    run.workdir,
+    c.rl.log_samples_every,
+    resume_step=start,
+    decode=lambda ids: run.tokenizer.decode(list(ids), skip_special_tokens=True),
+    show=lambda step, rows: writer.write_table(step, "samples", rows),
+    enabled=distributed.is_writer(),
+  )
   to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, run.mesh))
 
   def save(step):
@@ -352,15 +403,25 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
     if distributed.is_writer():
       buffer_file.prune(ahead_dir, mngr.all_steps())
 
+  if start >= c.rl.steps:  # a rerun of a finished run: no bar of the steps done before
+    print(f"RL: done before, all {c.rl.steps} steps (checkpoints under {run.workdir})")
   bar = tqdm(
-    range(start, c.rl.steps), desc=method.name, unit="step", initial=start, total=c.rl.steps
+    range(start, c.rl.steps),
+    desc=method.name,
+    unit="step",
+    initial=start,
+    total=c.rl.steps,
+    disable=start >= c.rl.steps,
   )
-  skipped = 0
+  skipped, solved = 0, []
   with interrupt.GracefulStop("RL") as stop:
     try:
       for step in bar:
-        state, m = loop.rl_step(state, update, method, env, step, to_batch, logp_fn, rollouts)
+        state, m = loop.rl_step(
+          state, update, method, env, step, to_batch, logp_fn, rollouts, samples
+        )
         skipped += m.get("skipped_update", 0)
+        solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
         if c.eval.every and (step + 1) % c.eval.every == 0:
           for name, scores in evaluate(run, env.sampler, eval_score).items():
             m.update({f"{name}_{k}": v for k, v in scores.items()})
@@ -384,11 +445,19 @@ def train(run: Run, state, mngr, method, env: loop.StepEnv, eval_score, update, 
       rollouts.close()
   writer.close()
   if start < c.rl.steps and skipped == c.rl.steps - start:
-    raise loop.NoSignalError(
-      f"every one of the {skipped} RL steps skipped its update: no group had a learning "
-      f"signal (reward variance); see {run.workdir}/metrics.jsonl (solve_all, solve_none)"
-    )
+    raise loop.NoSignalError(no_update_message(solved, run.workdir))
   return state
+
+
+def no_update_message(solved, workdir: str) -> str:
+  """The error of an invocation whose every RL step skipped its update; solved: the
+  (solve_all, solve_none) of each of its steps."""
+  solve_all, solve_none = (sum(x) / len(solved) for x in zip(*solved))
+  return (
+    f"every one of the {len(solved)} RL steps skipped its update: no group had a learning "
+    f"signal (reward variance; solve_all {solve_all:.0%}, solve_none {solve_none:.0%}); "
+    f"{loop.no_signal_fix(solve_all, solve_none)}; see {workdir}/metrics.jsonl"
+  )
 
 
 def write_summary(run: Run, method, seconds: float) -> dict:

@@ -59,7 +59,8 @@ def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict, prefix: str = 
   """Config section -> frozen dataclass `cls`; unknown fields are named; lists become tuples.
 
   With `prefix` (the section's place in the config, e.g. "rl.loop."), a field's error names
-  it in full: "rl.loop.group_size: ..." instead of "group_size: ...".
+  it in full: "rl.loop.group_size: ..." instead of "group_size: ..." (or of
+  "RLConfig.group_size: ...").
   """
   if dataclasses.is_dataclass(d):
     return d
@@ -82,4 +83,6 @@ def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict, prefix: str = 
   except ValueError as e:
     if not prefix or str(e).startswith(prefix):
       raise
-    raise ValueError(f"{prefix}{e}") from None
+    # "RewardConfig.extraction: ..." names the field by its class: the config path instead
+    text = str(e).removeprefix(f"{cls.__name__}.")
+    raise ValueError(f"{prefix}{text}") from None

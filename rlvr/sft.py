@@ -73,6 +73,7 @@ def train_sft(
   learner_cfg,
   mesh,
   instruction: str = "",
+  chat_template: str = "",
   steps: int,
   batch_size: int,
   seed: int = 0,
@@ -82,7 +83,8 @@ def train_sft(
 ) -> str:
   """SFT of the HF model in `model_dir` on (problem text, completion text) pairs.
 
-  Prompts go through the chat template (`rlvr.data.format_prompt`), completions
+  Prompts go through the chat template `chat_template` names (`rlvr.data.format_prompt`;
+  "" the tokenizer's own, as RL renders them with `data.chat_template`), completions
   end with the tokenizer's EOS. Checkpoints (orbax) every `checkpoint_every`
   steps under workdir/checkpoints and resumes from them; writes per-step
   metrics to workdir/metrics.jsonl and the result as an HF dir workdir/model,
@@ -107,7 +109,10 @@ def train_sft(
   tok = AutoTokenizer.from_pretrained(model_dir)
   pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
   pairs = [
-    (format_prompt(tok, p, instruction), tok.encode(c + tok.eos_token, add_special_tokens=False))
+    (
+      format_prompt(tok, p, instruction, chat_template),
+      tok.encode(c + tok.eos_token, add_special_tokens=False),
+    )
     for p, c in pairs_text
   ]
   if not pairs:
@@ -127,6 +132,8 @@ def train_sft(
     keep=keep,
   )
   start = int(jax.device_get(state.step))
+  if start:
+    print(f"resumed SFT from step {start}", flush=True)
   update = learner.make_update_fn(m_cfg, learner_cfg, mesh)
   writer = metrics_lib.MetricsWriter(
     workdir, resume_step=start, tensorboard=False, enabled=distributed.is_writer()

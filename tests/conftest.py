@@ -12,6 +12,7 @@ import resource
 import shutil
 import tempfile
 
+import own_process
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -206,19 +207,23 @@ def arithmetic_policy(tiny_dirs, tmp_path_factory):
   from rlvr.tasks import arithmetic
 
   train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
-  out = sft_on_arithmetic(tiny_dirs["qwen2"], train[:300], str(tmp_path_factory.mktemp("svs_sft")))
+  # A test run in a process of its own (own_process.py) is handed the suite's SFT'd dir.
+  out = own_process.shared("arithmetic_policy") or sft_on_arithmetic(
+    tiny_dirs["qwen2"], train[:300], str(tmp_path_factory.mktemp("svs_sft"))
+  )
   return out, train[300:]
 
 
 @pytest.fixture(scope="session")
 def arithmetic_score():
-  """The real math-verify scorer with integer answers: (texts, golds) -> (rewards, correct)."""
+  """The real math-verify scorer with integer answers: (texts, golds, prompts=None) ->
+  (rewards, correct)."""
   from rlvr.rewards import RewardConfig, RewardPool
 
   with RewardPool(workers=1) as pool:
     rc = RewardConfig(integer_answers=True)
 
-    def fn(texts, golds):
+    def fn(texts, golds, prompts=None):
       res = pool.score(texts, golds, rc)
       return res.rewards, res.correct
 

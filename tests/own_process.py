@@ -3,11 +3,21 @@ several GiB: the suite's process never holds them."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 _OWN_PROCESS = "RLVR_TEST_OWN_PROCESS"
+_SHARED = "RLVR_TEST_SHARED_DIRS"
+# Session fixtures whose first value is a directory the suite's process already built: the
+# own process reuses it instead of building it again.
+SHAREABLE = ("arithmetic_policy",)
+
+
+def shared(name: str) -> str | None:
+  """Inside an own process: the directory the suite built for fixture `name`, else None."""
+  return json.loads(os.environ.get(_SHARED, "{}")).get(name)
 
 
 def run_in_own_process(request) -> bool:
@@ -18,10 +28,11 @@ def run_in_own_process(request) -> bool:
   nodeid = request.node.nodeid
   if os.environ.get(_OWN_PROCESS) == nodeid:
     return False
+  dirs = {n: request.getfixturevalue(n)[0] for n in SHAREABLE if n in request.fixturenames}
   proc = subprocess.run(
     [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid],
     cwd=str(request.config.rootpath),
-    env=dict(os.environ, **{_OWN_PROCESS: nodeid}),
+    env=dict(os.environ, **{_OWN_PROCESS: nodeid, _SHARED: json.dumps(dirs)}),
     capture_output=True,
     text=True,
   )

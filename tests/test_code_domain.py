@@ -97,7 +97,12 @@ def test_a_row_without_usable_tests_is_named_by_its_index(tmp_path):
   assert json.loads(exs[0].answer) == rows[0]["input_output"]  # an object is kept as JSON
   with open_verifier(CODE) as v, pytest.raises(ValueError) as e:
     v.check_answers(exs, "data.train_path")
-  assert "2 of 3" in str(e.value) and "row 1:" in str(e.value) and "row 2:" in str(e.value)
+  message = str(e.value)
+  assert "2 of 3" in message and "row 1:" not in message
+  assert f"tests): {path}: line 2 (row index 1): tests: expected lists under" in message
+  assert message.endswith(
+    f"; {path}: line 3 (row index 2): tests: not valid JSON (Expecting value at character 1)"
+  ), message
 
 
 def test_no_sandbox_stops_the_run_before_anything_runs(tmp_path, monkeypatch):

@@ -64,7 +64,7 @@ def test_a_failed_evaluation_leaves_the_old_samples_file_as_it_was(sampler, tmp_
 
   batches = 0
 
-  def fails_on_the_second_batch(texts, golds):
+  def fails_on_the_second_batch(texts, golds, prompts=None):
     nonlocal batches
     batches += 1
     if batches == 2:

@@ -77,7 +77,13 @@ def test_readme_setup_and_main_command_in_a_fresh_clone(tmp_path):
 
     # The clone's README says what to run.
     setup, main = _main_commands((clone / "README.md").read_text())
-    _, t_setup = _run(setup.split(), clone, env, 900)
+    installed, t_setup = _run(setup.split(), clone, env, 900)
+    noise = [
+      line
+      for line in (installed.stdout + installed.stderr).splitlines()
+      if "setuptools" in line or "Editable" in line
+    ]
+    assert not noise, installed.stderr[-3000:]  # no build backend's warning block
     where, _ = _run([".venv/bin/python", "-c", "import rlvr; print(rlvr.__file__)"], clone, env, 60)
     assert where.stdout.strip() == str(clone / "rlvr" / "__init__.py")
 

@@ -92,3 +92,26 @@ def test_launch_train_names_a_missing_model_dir_in_one_line(tmp_path):
     "launch.train: model.path: no such model directory /no/such/model (nor a hub id "
     "org/name) (--verbose for the traceback)"
   ), out.stderr[-2000:]
+
+
+def test_the_tiny_model_cache_is_named_and_rlvr_cache_dir_moves_it(tmp_path, monkeypatch, capsys):
+  from configs import tiny_rlvr
+  from rlvr import runner
+
+  cfg = tiny_rlvr.get_config()  # model.path "": a tiny random model, cached outside the run
+  monkeypatch.delenv("RLVR_CACHE_DIR", raising=False)
+  home = runner.prepare_model(cfg)  # in ~/.cache/rlvr, as tests/test_oom.py builds it
+  assert os.path.dirname(home) == os.path.expanduser("~/.cache/rlvr")
+  name, note = os.path.basename(home), "model.cache_dir, else $RLVR_CACHE_DIR, else ~/.cache/rlvr"
+  for where, setting in (("env", ""), ("config", str(tmp_path / "config"))):
+    cache = tmp_path / where
+    cache.mkdir()
+    os.symlink(home, cache / name)  # the model already there
+    monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path / "env"))
+    cfg.model.cache_dir = setting
+    capsys.readouterr()
+    assert runner.prepare_model(cfg) == str(cache / name)
+    assert (
+      capsys.readouterr().out
+      == f"model: tiny random model from {cache / name} (cache dir: {note})\n"
+    )

@@ -102,7 +102,8 @@ def test_synthesis_is_pure():
 @pytest.mark.parametrize(
   "layer,allowed",
   [
-    ("rlvr.model", ("rlvr.model", "rlvr.sharding", "rlvr.fileio")),
+    ("rlvr.model", ("rlvr.model", "rlvr.sharding", "rlvr.fileio", "rlvr.chat_templates")),
+    ("rlvr.chat_templates", ()),
     ("rlvr.fileio", ()),
     ("rlvr.sharding", ()),
     ("rlvr.sampling", ("rlvr.sampling", "rlvr.model", "rlvr.sharding")),
@@ -122,7 +123,8 @@ def test_synthesis_is_pure():
         "rlvr.sampling.config",
       ),
     ),
-    ("rlvr.grpo", ()),
+    ("rlvr.named", ()),
+    ("rlvr.grpo", ("rlvr.named",)),
     ("rlvr.model.lowp", ()),
     ("rlvr.packing", ("rlvr.grpo",)),
     ("rlvr.learner", ("rlvr.grpo", "rlvr.sharding", "rlvr.lora", "rlvr.model", "rlvr.packing")),
@@ -130,7 +132,7 @@ def test_synthesis_is_pure():
     ("rlvr.compose_run", ("rlvr.data", "rlvr.sampling.assistant", "synthesis")),
     ("rlvr.methods.qbq_store", ("rlvr.distributed", "rlvr.fileio", "synthesis")),
     ("rlvr.methods.qbq_teachers", ("rlvr.sampling.assistant", "rlvr.tasks", "synthesis")),
-    ("rlvr.rewards", ("rlvr.rewards",)),
+    ("rlvr.rewards", ("rlvr.rewards", "rlvr.named")),
     ("rlvr.rewards.code.driver", ()),
     ("rlvr.tasks.humaneval", ()),
   ],

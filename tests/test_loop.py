@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,17 +16,18 @@ import jax
 import numpy as np
 import pytest
 import run_copies
+import run_output
 from rules import even_length
 from transformers import AutoTokenizer
 
-from rlvr import loop, model, packing
+from rlvr import loop, model, packing, runner
 from rlvr.methods import plain
 from rlvr.sampling import JaxSampler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def always_right(texts, golds):
+def always_right(texts, golds, prompts=None):
   r = np.ones(len(texts), np.float32)
   return r, r > 0
 
@@ -86,14 +88,36 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
 def test_all_solved_data_ends_with_a_clear_message(tiny):
   cfg, params, tok = tiny
   draw, state = _draw()
-  with pytest.raises(
-    loop.NoSignalError,
-    match=r"no group with mixed rewards.*3 rounds.*"
-    r"solve_all 100%",
-  ):
+  with pytest.raises(loop.NoSignalError) as e:
     loop.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_right), draw, step=0)
+  assert str(e.value) == (
+    "step 0: no group with mixed rewards in 20 prompts over 3 rounds (solve_all 100%, "
+    "solve_none 0%); the problems are too easy for the policy: give harder ones; or raise "
+    "rl.loop.max_extra_rounds"
+  )
   # bounded: 4 prompts, then 2 x 8 over-sampled prompts
   assert state["i"] == 4 + 8 + 8
+
+  # A random (untrained) policy gets everything wrong: the message names the two fixes.
+  def always_wrong(texts, golds, prompts=None):
+    r = np.zeros(len(texts), np.float32)
+    return r, r > 0
+
+  with pytest.raises(loop.NoSignalError) as e:
+    loop.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_wrong), _draw()[0], step=0)
+  fix = (
+    "the problems are too hard for the policy: warm-start it with SFT (sft.steps > 0, on "
+    "worked solutions) or start from a trained checkpoint (model.path)"
+  )
+  assert str(e.value).endswith(
+    f"(solve_all 0%, solve_none 100%); {fix}; or raise rl.loop.max_extra_rounds"
+  ), str(e.value)
+  # The run's own check, when every step of an invocation skipped its update (no dynamic
+  # sampling): the same fix.
+  assert runner.no_update_message([(0.0, 1.0), (0.0, 0.5)], "/w") == (
+    "every one of the 2 RL steps skipped its update: no group had a learning signal "
+    f"(reward variance; solve_all 0%, solve_none 75%); {fix}; see /w/metrics.jsonl"
+  )
 
 
 def test_one_step_with_jax_sampler_updates_and_syncs(tiny, one_device_learner):
@@ -197,12 +221,23 @@ def _command(workdir, *flags):
   ]
 
 
-def _train(workdir, *flags):
+def _launch(workdir, *flags):
   out = subprocess.run(
     _command(workdir, *flags), cwd=REPO, env=_ENV, capture_output=True, text=True, timeout=900
   )
   assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def _train(workdir, *flags):
+  _launch(workdir, *flags)
   return [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def _tensorboard_steps(workdir, tag="accuracy") -> list[int]:
+  return [
+    step for step, _ in run_output.tensorboard_scalars(os.path.join(workdir, "tensorboard"))[tag]
+  ]
 
 
 _TIMING = ("time_", "tokens_per_s")
@@ -222,19 +257,40 @@ def test_method_from_outside_the_library_stops_on_sigterm_and_resumes_with_its_s
     env=_ENV,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
-    text=True,
   )
   rows = cut / "metrics.jsonl"
   while proc.poll() is None and not (rows.exists() and rows.read_text().count("\n") >= 1):
     time.sleep(0.1)
   proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=600)
+  err = proc.communicate(timeout=600)[1].decode()  # bytes: text mode would make \r a newline
+  assert rows.exists(), err[-3000:]  # it ended before its first RL step: say why
   stopped_at = len(rows.read_text().splitlines())
   assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
   assert f"stopped by SIGTERM after RL step {stopped_at} of 4" in err and stopped_at < 4
   assert "rerun the same command to resume" in err
-  resumed = _train(str(cut), "--config.rl.steps=4")
+  # Both lines print above the progress bar, not into it: the bar stays one line.
+  screen = run_output.screen(err)
+  assert sum(line.startswith("counting:") for line in screen) == 1, screen[-8:]
+  assert (
+    "SIGTERM: finishing this RL step, then saving a checkpoint (signal again to stop at once)"
+    in screen
+  ), screen[-8:]
+  assert any(line.startswith(f"stopped by SIGTERM after RL step {stopped_at} ") for line in screen)
+  out = _launch(str(cut), "--config.rl.steps=4")
+  resumed = [json.loads(l) for l in open(cut / "metrics.jsonl")]
   assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+  assert _tensorboard_steps(cut) == [0, 1, 2, 3]
+  # The end of the run in a few short lines; per-step lists stay in summary.json.
+  assert f"resumed counting from step {stopped_at}\n" in out.stdout
+  lines = out.stdout.strip().splitlines()
+  assert lines[-2:] == [
+    "counting: counting_total_calls 4",
+    f"summary: {cut}/summary.json (all figures and per-step lists; plots: training.png, "
+    "pass_at_k.png and the method's own .png beside it)",
+  ], lines
+  rate = r"\d+\.\d% -> \d+\.\d%"
+  assert re.fullmatch(rf"heldout: pass@1 {rate}, pass@2 {rate} \(before -> after RL\)", lines[-3])
+  assert lines[-4].startswith("RL: 4 steps of counting (") and max(map(len, lines)) < 200
   # The method's own counter and data position continue where the first invocation stopped.
   assert [r["counting_calls"] for r in resumed] == [1, 2, 3, 4]
   assert [r["counting_position"] for r in resumed] == [4, 8, 12, 16]
@@ -245,6 +301,11 @@ def test_method_from_outside_the_library_stops_on_sigterm_and_resumes_with_its_s
   summary = json.loads((tmp_path / "cut" / "summary.json").read_text())
   assert summary["method"] == "counting" and summary["counting_total_calls"] == 4
   assert (tmp_path / "cut" / "counting.png").exists()
+  # A rerun of the finished run draws no bar of the steps done before and logs nothing again.
+  again = _launch(str(cut), "--config.rl.steps=4")
+  assert "RL: done before, all 4 steps" in again.stdout and "counting:" not in again.stderr
+  assert [json.loads(l) for l in open(cut / "metrics.jsonl")] == resumed
+  assert _tensorboard_steps(cut) == [0, 1, 2, 3]
 
 
 def test_sigterm_during_evaluation_stops_with_one_line(tmp_path):

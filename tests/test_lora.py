@@ -280,7 +280,7 @@ def test_merged_export_loads_in_transformers(trained, tmp_path):
   assert np.abs(ref - base).max() > 1e-2  # the export is not the base
 
 
-def test_lora_sft_resumes_and_exports_merged(tiny_dirs, tmp_path):
+def test_lora_sft_resumes_and_exports_merged(tiny_dirs, tmp_path, capsys):
   """train_sft with sft.learner.lora: a checkpoint mid-way (adapters + base), a
   rerun resumes from it to the same merged model, which transformers loads."""
   from rlvr.sft import train_sft
@@ -295,7 +295,9 @@ def test_lora_sft_resumes_and_exports_merged(tiny_dirs, tmp_path):
   out = train_sft(tiny_dirs["qwen2"], pairs, str(work), **kw)
   shutil.move(out, tmp_path / "first")
   assert checkpoint.manager(str(work / "checkpoints")).latest_step() == 2
+  assert "resumed SFT" not in capsys.readouterr().out
   out = train_sft(tiny_dirs["qwen2"], pairs, str(work), **kw)  # resumes at step 2
+  assert "resumed SFT from step 2\n" in capsys.readouterr().out
   rows = [json.loads(line) for line in open(work / "metrics.jsonl")]
   assert [r["step"] for r in rows] == [0, 1, 2, 3]
   _, first = model.load_hf(str(tmp_path / "first"))

@@ -115,6 +115,7 @@ def test_a_buffer_kept_with_a_checkpoint_loads_back_exactly(tiny, tmp_path):
   env = _env(JaxSampler(cfg, params, tok), tok, even_length)
   buf = loop.build_buffer(plain.Plain(PROMPTS, seed=0), env, 3, version=2)
   buf.metrics.update(method_count=np.int64(7), method_share=np.float32(0.5))  # numpy scalars
+  buf.groups[0].tags["data_type"] = "original"  # a method's labels (the samples log's tags)
   path = buffer_file.save(str(tmp_path), buf)
   got = buffer_file.load(str(tmp_path), 3)
   assert (got.step, got.version) == (3, 2)
@@ -123,7 +124,7 @@ def test_a_buffer_kept_with_a_checkpoint_loads_back_exactly(tiny, tmp_path):
   }
   assert len(got.groups) == len(buf.groups) == RL.prompts_per_step
   for a, b in zip(buf.groups, got.groups):
-    assert a.prompt == b.prompt and a.completions == b.completions
+    assert a.prompt == b.prompt and a.completions == b.completions and a.tags == b.tags
     np.testing.assert_array_equal(a.rewards, b.rewards)
     np.testing.assert_array_equal(a.correct, b.correct)
   buffer_file.prune(str(tmp_path), [5])

@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 
-from rlvr import metrics, runner
+import run_output
+
+from rlvr import evaluation, metrics, runner
 from rlvr.methods import svs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,6 +98,74 @@ def test_svs_data_types_share_one_panel_with_a_legend():
     "type 2: problem synthesis",
     "type 3: synthetic problems",
   ]
+
+
+def test_pass_at_k_axis_fits_a_gain_of_a_few_points(tmp_path):
+  def report(pass1, pass4):  # eval.json as evaluate_set writes it: (mean, std) per k
+    return {"heldout": {"pass@k": {"1": [pass1, 0.01], "4": [pass4, 0.0]}, "n": 4}}
+
+  reports = {"before RL": report(0.40, 0.52), "after RL": report(0.43, 0.55)}
+  [ax] = evaluation.comparison_figure(reports, "run").axes
+  low, high = ax.get_ylim()
+  # 0.39 .. 0.55 with a margin, not 0 .. 1 (where a 3-point gain is a few pixels)
+  assert 0.35 < low < 0.385 and 0.555 < high < 0.6, (low, high)
+  path = str(tmp_path / "pass_at_k.png")
+  assert evaluation.plot_comparison(reports, path, "run") == path and os.path.getsize(path)
+  near_zero = evaluation.comparison_figure({"after RL": report(0.0, 0.01)}, "run")
+  assert near_zero.axes[0].get_ylim()[0] == -0.02  # a rate's axis stays about [0, 1]
+
+
+def test_the_end_of_a_run_is_a_few_short_lines():
+  from launch import train
+
+  summary = {  # summary.json of an SvS run: its per-step lists stay in the file
+    "steps": 200,
+    "eval_before_rl": {"heldout": {"pass@1": 0.481, "pass@4": 0.7}},
+    "eval_after_rl": {"heldout": {"pass@1": 0.517, "pass@4": 0.72}},
+    "time_s_this_invocation": 1234.5,
+    "method": "svs",
+    "model_dir": "/cache/tiny",
+    "workdir": "/w",
+    "synthetic_accepted_per_step": [3] * 200,
+    "synthetic_accepted_mean": 3.0,
+    "buffer_types_per_step": [{"type1": 10, "type2": 3, "type3": 3}] * 200,
+  }
+  assert train.summary_lines(summary, "/w") == [
+    "RL: 200 steps of svs (1234 s in this invocation)",
+    "heldout: pass@1 48.1% -> 51.7%, pass@4 70.0% -> 72.0% (before -> after RL)",
+    "svs: synthetic_accepted_mean 3.0",
+    "summary: /w/summary.json (all figures and per-step lists; plots: training.png, "
+    "pass_at_k.png and the method's own .png beside it)",
+  ]
+
+
+def test_log_lines_and_stop_messages_print_above_the_progress_bar(capsys):
+  import logging
+
+  from tqdm import tqdm
+
+  from rlvr import progress
+
+  root, handler = logging.getLogger(), logging.StreamHandler(sys.stderr)
+  root.addHandler(handler)
+  try:
+    bar = tqdm(total=4, desc="rlvr", file=sys.stderr, mininterval=0)
+    bar.update(1)
+    with progress.messages_above_bars():
+      logging.getLogger("tensorboardX.x2num").warning("a library's warning")
+    progress.say("SIGINT: finishing this RL step")
+    bar.update(1)
+    progress.close_bars()
+    progress.say("stopped by SIGINT after RL step 2 of 4")
+  finally:
+    root.removeHandler(handler)
+  assert root.handlers.count(handler) == 0
+  screen = run_output.screen(capsys.readouterr().err)
+  assert screen[:2] == ["a library's warning", "SIGINT: finishing this RL step"], screen
+  assert screen[2].startswith("rlvr:  50%|") and screen[3:] == [
+    "stopped by SIGINT after RL step 2 of 4",
+    "",
+  ], screen
 
 
 def test_make_tiny_prints_no_library_notices(tmp_path):

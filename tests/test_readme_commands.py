@@ -59,6 +59,7 @@ RUN_HERE = {
   "python -m launch.compose ": "test_serve_vllm_then_compose_against_it",
   "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make": "test_train_with_the_readme_method_from_outside_the_library",
   "python -m launch.train --config=configs/tiny_composition.py": "test_composition_curriculum_at_embedded_scale",
+  "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:score": "test_train_with_the_readme_reward_from_outside_the_library",
 }
 # The README's main command and `evaluate --run` (docs/launch.md): the embedded default end to
 # end (SFT, eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
@@ -472,6 +473,28 @@ def test_train_with_the_readme_method_from_outside_the_library(tmp_path):
   assert (summary["method"], summary["steps"]) == ("twice", 1)
   [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert row["twice_groups"] == row["groups_kept"] == 4
+
+
+@pytest.mark.slow
+def test_train_with_the_readme_reward_from_outside_the_library(tmp_path):
+  """The README's my_reward.py block, saved as printed and put on PYTHONPATH: every step
+  and evaluation is scored by it (its rewards are 1, -0.1 or 0, each a verdict `scored`)."""
+  [command] = readme(
+    "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:score"
+  )
+  [block] = [
+    b for b in re.findall(r"```python\n(.*?)```", _readme(), re.S) if b.startswith("# my_reward.py")
+  ]
+  (tmp_path / "my_reward.py").write_text(block)
+  workdir = tmp_path / "run"
+  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+  run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]), env=env)
+  [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  responses = row["verdict_scored"]
+  assert responses == 4 * 8 and row["verdict_fn_raised"] == row["verdict_fn_not_finite"] == 0
+  assert -0.1 <= row["reward_mean"] <= 1.0
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["steps"] == 1 and "heldout" in summary["eval_after_rl"]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import numpy as np
 from own_process import run_in_own_process
 from transformers import AutoTokenizer
 
-from rlvr import loop, model
+from rlvr import loop, metrics, model, samples_log
 from rlvr.data import format_prompt
 from rlvr.methods import svs as svs_method
 from rlvr.sampling import JaxSampler
@@ -17,9 +17,9 @@ from rlvr.tasks import arithmetic
 from synthesis import svs
 
 
-def one_in_three(texts, golds):
+def one_in_three(texts, golds, prompts=None):
   """Rule-based reward that leaves ~1/3 of a random policy's groups underperforming."""
-  del golds
+  del golds, prompts
   r = np.array([float(len(t) % 3 == 0) for t in texts], np.float32)
   return r, r > 0
 
@@ -42,13 +42,14 @@ def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cf
     encode_task=enc,
     **kw.pop("env", {}),
   )
+  samples = kw.pop("samples", None)
   method = svs_method.SvS(prompts, 0, svs_cfg, **kw)
-  return loop.rl_step(state, update, method, env, 0, to_batch)
+  return loop.rl_step(state, update, method, env, 0, to_batch, samples=samples)
 
 
-def _run(make_learner, sampler, cfg, params, tok):
+def _run(make_learner, sampler, cfg, params, tok, **kw):
   prompts = [loop.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
-  return _step(make_learner, sampler, cfg, params, tok, prompts, one_in_three, RL, SVS, 1e-3)
+  return _step(make_learner, sampler, cfg, params, tok, prompts, one_in_three, RL, SVS, 1e-3, **kw)
 
 
 def test_authors_loop_samples_originals_once_and_drops_too_long_synthesis_prompts(
@@ -97,11 +98,28 @@ def _check(state, m, svs_cfg=SVS):
   assert m["type1_groups"] >= 1
 
 
-def test_svs_step_with_jax_sampler_survives_garbage_syntheses(tiny_dirs, one_device_learner):
+def _check_samples(workdir: str, m):
+  """The step's samples file: each sampled original, then the update's synthesis and
+  synthetic groups, every group with its data type."""
+  rows = metrics.read_jsonl(samples_log.path(workdir, 0))
+  groups = {r["group"]: (r["tags"]["data_type"], r["kept"]) for r in rows}
+  order = ("original", "synthesis", "synthetic")
+  types = [t for t, _ in groups.values()]
+  assert types == sorted(types, key=order.index) and types.count("original") == m["prompts_sampled"]
+  kept = [t for t, k in groups.values() if k]
+  assert [kept.count(t) for t in order] == [m[f"type{i}_groups"] for i in (1, 2, 3)]
+  assert len(kept) == len(groups) - m["prompts_sampled"] + m["type1_groups"]
+
+
+def test_svs_step_with_jax_sampler_survives_garbage_syntheses(
+  tiny_dirs, one_device_learner, tmp_path
+):
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
-  state, m = _run(one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok)
+  log = samples_log.SamplesLog(str(tmp_path), 1)
+  state, m = _run(one_device_learner, JaxSampler(cfg, params, tok), cfg, params, tok, samples=log)
   _check(state, m)
+  _check_samples(str(tmp_path), m)
 
 
 def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path, one_device_learner):
@@ -130,7 +148,9 @@ ARITH_RL = loop.RLConfig(
 ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)  # the paper's G_v
 
 
-def _arithmetic_step(make_learner, sampler, cfg, params, tok, problems, score_fn, rl=ARITH_RL):
+def _arithmetic_step(
+  make_learner, sampler, cfg, params, tok, problems, score_fn, rl=ARITH_RL, samples=None
+):
   enc = lambda text: format_prompt(tok, text, "")
   prompts = [loop.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems]
   return _step(
@@ -146,6 +166,7 @@ def _arithmetic_step(make_learner, sampler, cfg, params, tok, problems, score_fn
     1e-4,
     template=arithmetic.INVERSE_TEMPLATE,
     env={"answer_of": arithmetic.answer_of},
+    samples=samples,
   )
 
 
@@ -160,7 +181,7 @@ def _check_all_types(state, m):
 
 
 def test_svs_step_with_jax_sampler_builds_all_three_types(
-  request, arithmetic_policy, arithmetic_score, one_device_learner
+  request, arithmetic_policy, arithmetic_score, one_device_learner, tmp_path
 ):
   if run_in_own_process(request):  # about 7 GiB at its peak (`/usr/bin/time -v`, alone)
     return
@@ -169,7 +190,7 @@ def test_svs_step_with_jax_sampler_builds_all_three_types(
   tok = AutoTokenizer.from_pretrained(policy_dir)
   calls = []
 
-  def recording_score(texts, golds):  # the real scorer; records what it was asked
+  def recording_score(texts, golds, prompts=None):  # the real scorer; records what it was asked
     rewards, correct = arithmetic_score(texts, golds)
     calls.append((list(golds), np.asarray(correct)))
     return rewards, correct
@@ -177,10 +198,12 @@ def test_svs_step_with_jax_sampler_builds_all_three_types(
   # 16 originals a round: the SFT'd policy still leaves types 1, 2 and 3 a dozen groups each.
   rl = dataclasses.replace(ARITH_RL, prompts_per_step=16)
   sampler = JaxSampler(cfg, params, tok)
+  log = samples_log.SamplesLog(str(tmp_path), 1)
   state, m = _arithmetic_step(
-    one_device_learner, sampler, cfg, params, tok, problems, recording_score, rl
+    one_device_learner, sampler, cfg, params, tok, problems, recording_score, rl, log
   )
   _check_all_types(state, m)
+  _check_samples(str(tmp_path), m)
   # Scoring calls: the originals (one per dynamic-sampling round), then the synthetic
   # problems, whose responses are scored against the answer of the ORIGINAL problem each
   # synthesis came from, i.e. of an underperforming one (1..4 of 8 correct).

@@ -1,16 +1,19 @@
 """wandb beside metrics.jsonl and TensorBoard: the real wandb package in offline mode, its
-run files read back; a rerun in the same work dir continues the same wandb run."""
+run files read back; a rerun in the same work dir continues the same wandb run, and
+TensorBoard shows each step once."""
 
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import struct
 import subprocess
 import sys
 
 import pytest
+import run_output
 from absl import flags
 from ml_collections import config_flags
 
@@ -209,3 +212,27 @@ def test_launch_takes_tags_and_names_a_bad_mode_in_one_line(tmp_path):
   assert out.returncode == 1
   (line,) = out.stderr.strip().splitlines()
   assert line.startswith("launch.train: logging.wandb_mode: unknown 'online-please'"), line
+
+
+def test_tensorboard_shows_each_step_once_after_a_resume_and_no_nan(tmp_path, caplog):
+  workdir = str(tmp_path / "run")
+  logdir = os.path.join(workdir, "tensorboard")
+  w = metrics.MetricsWriter(workdir, resume_step=0)
+  for step in range(3):
+    w.write(step, {"reward_mean": 0.25 * step, "kl": float("nan") if step == 1 else 0.1})
+  w.close()
+  # The rerun resumes at step 2 (its last checkpoint) and logs step 2 again, then step 3.
+  w = metrics.MetricsWriter(workdir, resume_step=2)
+  for step in (2, 3):
+    w.write(step, {"reward_mean": 1.0, "kl": float("inf") if step == 3 else 0.2})
+  w.close()
+  scalars = run_output.tensorboard_scalars(logdir)
+  assert scalars["reward_mean"] == [(0, 0.0), (1, 0.25), (2, 1.0), (3, 1.0)]
+  assert scalars["kl"] == [(0, 0.1), (2, 0.2)]  # NaN / inf left out of TensorBoard ...
+  rows = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [0, 1, 2, 3]
+  assert math.isnan(rows[1]["kl"]) and rows[3]["kl"] == float("inf")  # ... kept in the jsonl
+  assert "NaN or Inf" not in caplog.text  # tensorboardX's warning, printed into the bar
+  # A rerun from step 0 (no checkpoint yet) starts TensorBoard afresh.
+  metrics.MetricsWriter(workdir, resume_step=0).close()
+  assert run_output.tensorboard_scalars(logdir) == {} and len(os.listdir(logdir)) == 1

@@ -7,9 +7,9 @@ a `base.Method`), so a new method needs no edit here.
 
 from __future__ import annotations
 
-import importlib
 from typing import Sequence
 
+from rlvr import named
 from rlvr.methods import composition, plain, qbq, svs
 from rlvr.methods.base import Method, Prompt
 
@@ -18,17 +18,5 @@ KNOWN = {"rlvr": plain.make, "svs": svs.make, "composition": composition.make, "
 
 def make(cfg, train: Sequence[Prompt]) -> Method:
   """The method cfg.method names, built from the run config and the training prompts."""
-  name = cfg.method
-  if name in KNOWN:
-    return KNOWN[name](cfg, train)
-  if ":" not in name:
-    raise ValueError(
-      f"method: unknown {name!r}; known: {sorted(KNOWN)}, or "
-      "'package.module:factory' for a method defined elsewhere"
-    )
-  module, attr = name.split(":", 1)
-  try:
-    factory = getattr(importlib.import_module(module), attr)
-  except (ImportError, AttributeError) as e:
-    raise ValueError(f"method: cannot load {name!r}: {e}") from e
+  factory = named.load("method", cfg.method, KNOWN, "a method", form="factory")
   return factory(cfg, train)

@@ -92,6 +92,14 @@ class SvS(Method):
     else:
       type2, type3 = self._synthesize(env, under, seed, rng, m)
     m.update({"type1_groups": len(type1), "type2_groups": len(type2), "type3_groups": len(type3)})
+    # each group's data type (types 1, 2, 3) in the samples log
+    for groups, data_type in (
+      (originals + type1, "original"),
+      (type2, "synthesis"),
+      (type3, "synthetic"),
+    ):
+      for g in groups:
+        g.tags["data_type"] = data_type
     env.report_rollouts(originals, type1, rounds)  # the step's metrics: originals, type 1
     return type1 + type2 + type3, m
 

@@ -16,6 +16,7 @@ import random
 import jax
 import jax.numpy as jnp
 
+from rlvr import chat_templates
 from rlvr.model import decoder
 from rlvr.model.config import ModelConfig, RopeScaling
 from rlvr.model.hf_io import save_hf
@@ -25,13 +26,6 @@ QWEN2_SPLIT = (
   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-CHATML_TEMPLATE = (
-  "{%- for message in messages %}"
-  "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-  "{%- endfor %}"
-  "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
 _WORDS = (
   "the a an of to and in is that for it as with on by this be are from at or which we can "
   "problem solution answer step first then so therefore let find compute number value sum "
@@ -139,7 +133,7 @@ def train_tokenizer(
           for t, i in ids.items()
         },
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-        "chat_template": CHATML_TEMPLATE,
+        "chat_template": chat_templates.CHATML,
       },
       f,
       indent=2,

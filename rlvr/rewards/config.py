@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from rlvr.rewards import custom
 from rlvr.rewards.code.config import CodeRewardConfig
 from rlvr.rewards.extraction import EXTRACTIONS
 
@@ -17,9 +18,11 @@ DOMAINS = ("math", "code")  # what a reference answer is: a final answer, or a p
 class RewardConfig:
   """How responses are turned into rewards.
 
-  domain: "math" (the response's final answer against the reference answer, math-verify) or
+  domain: "math" (the response's final answer against the reference answer, math-verify),
     "code" (the response's program run against the problem's tests in a sandbox: the
-    reference answer is the tests, `rlvr.rewards.code`); `rlvr.rewards.verifiers`.
+    reference answer is the tests, `rlvr.rewards.code`), or "package.module:attribute", a
+    reward of the user's own: a score function (responses, answers, prompts) -> rewards, or
+    a factory of a Verifier (`rlvr.rewards.custom`); `rlvr.rewards.verifiers`.
   code: the code reward's settings (sandbox, limits, workers), used by domain "code".
   extraction: "boxed" (last `\\boxed{}`) or "answer_line" (last `Answer: ...`).
   integer_answers: answers are integers (AIME, DAPO-17k): compare as integers,
@@ -35,7 +38,7 @@ class RewardConfig:
 
   def __post_init__(self):
     if self.domain not in DOMAINS:
-      raise ValueError(f"RewardConfig.domain: unknown {self.domain!r}; expected one of {DOMAINS}")
+      custom.load(self.domain, DOMAINS)  # imported and checked now: a bad name stops the start
     if not isinstance(self.code, CodeRewardConfig):
       raise TypeError(f"RewardConfig.code: expected CodeRewardConfig, got {self.code!r}")
     if self.extraction not in EXTRACTIONS:

@@ -1,13 +1,17 @@
 """One verifier per domain behind one interface: what the runner and the evaluator score with.
 
 `open_verifier(cfg, workers)` opens the verifier of `cfg.domain` (`VERIFIERS`): "math" (final
-answers against reference answers, math-verify in a `RewardPool`) or "code" (programs against
-tests in the sandbox, `rlvr.rewards.code`). Every verifier gives
+answers against reference answers, math-verify in a `RewardPool`), "code" (programs against
+tests in the sandbox, `rlvr.rewards.code`), or a user's "package.module:attribute"
+(`rlvr.rewards.custom`: a score function, run by `FunctionVerifier`, or a Verifier factory).
+Every verifier gives
 
-- `score(texts, golds) -> (rewards, correct)`, what training calls, a `Scored` whose `counts`
-  say how many responses ended with each verdict (the step's `verdict_<reason>` metrics);
-- `judge(texts, golds) -> (rewards, correct, notes)`, the same plus one dict per response
-  that evaluation writes into its samples file (a program's verdict and reason);
+- `score(texts, golds, prompts=None) -> (rewards, correct)`, what training calls, a `Scored`
+  whose `counts` say how many responses ended with each verdict (the step's
+  `verdict_<reason>` metrics); `prompts`: the problem statement of each response (the
+  built-in verifiers do not read it);
+- `judge(texts, golds, prompts=None) -> (rewards, correct, notes)`, the same plus one dict per
+  response that evaluation writes into its samples file (a program's verdict and reason);
 - `well_formed(text)`: the response states something that can be checked (QbQ's format bonus);
 - `for_eval()`: the verifier held-out sets are scored with;
 - `check_answers(examples, name)`: every reference answer can be scored (a code problem's tests
@@ -27,6 +31,7 @@ import logging
 from typing import Callable, Iterator, Protocol, Sequence
 
 from rlvr.rewards import code as code_lib
+from rlvr.rewards import custom
 from rlvr.rewards.config import RewardConfig
 from rlvr.rewards.equivalence import is_well_formed
 from rlvr.rewards.extraction import extract_answer
@@ -47,6 +52,13 @@ class Scored(tuple):
     return out
 
 
+def _states_answer(cfg: RewardConfig, text: str) -> bool:
+  """The text states a well-formed final answer (`cfg.extraction`, `cfg.integer_answers`)."""
+  return _well_formed(
+    lambda t: is_well_formed(extract_answer(t, cfg.extraction), cfg.integer_answers), text
+  )
+
+
 def _well_formed(check: Callable[[str], bool], text: str) -> bool:
   """check(text), False where the text makes it raise (shaping must not stop a run)."""
   try:
@@ -57,9 +69,13 @@ def _well_formed(check: Callable[[str], bool], text: str) -> bool:
 
 
 class Verifier(Protocol):
-  def score(self, texts: Sequence[str], golds: Sequence[str]) -> tuple: ...
+  def score(
+    self, texts: Sequence[str], golds: Sequence[str], prompts: Sequence[str] | None = None
+  ) -> tuple: ...
 
-  def judge(self, texts: Sequence[str], golds: Sequence[str]) -> tuple: ...
+  def judge(
+    self, texts: Sequence[str], golds: Sequence[str], prompts: Sequence[str] | None = None
+  ) -> tuple: ...
 
   def well_formed(self, text: str) -> bool: ...
 
@@ -78,19 +94,18 @@ class MathVerifier:
   cfg: RewardConfig
   pool: RewardPool
 
-  def judge(self, texts, golds):
+  def judge(self, texts, golds, prompts=None):
+    del prompts
     res = self.pool.score(texts, golds, self.cfg)
     return res.rewards, res.correct, [{"extracted": e} for e in res.extracted]
 
-  def score(self, texts, golds):
+  def score(self, texts, golds, prompts=None):
+    del prompts
     res = self.pool.score(texts, golds, self.cfg)
     return Scored(res.rewards, res.correct, {"timeout": res.timeouts, "judge_error": res.errors})
 
   def well_formed(self, text: str) -> bool:
-    return _well_formed(
-      lambda t: is_well_formed(extract_answer(t, self.cfg.extraction), self.cfg.integer_answers),
-      text,
-    )
+    return _states_answer(self.cfg, text)
 
   def for_eval(self) -> MathVerifier:
     return MathVerifier(dataclasses.replace(self.cfg, integer_answers=False), self.pool)
@@ -106,7 +121,8 @@ class CodeVerifier:
 
   cfg: RewardConfig
 
-  def judge(self, texts, golds):
+  def judge(self, texts, golds, prompts=None):
+    del prompts
     res = code_lib.score(texts, golds, self.cfg.code)
     notes = [
       {"verdict": v.reason, "passed": v.passed, "total": v.total, "detail": v.detail}
@@ -114,7 +130,8 @@ class CodeVerifier:
     ]
     return res.rewards, res.correct, notes
 
-  def score(self, texts, golds):
+  def score(self, texts, golds, prompts=None):
+    del prompts
     res = code_lib.score(texts, golds, self.cfg.code)
     return Scored(res.rewards, res.correct, {r: res.reasons.get(r, 0) for r in code_lib.REASONS})
 
@@ -132,7 +149,7 @@ class CodeVerifier:
       try:
         code_lib.parse_tests(e.answer)
       except (TypeError, ValueError) as err:
-        bad.append(f"row {e.index if e.index >= 0 else i}: {err}")
+        bad.append(f"{e.where() if e.index >= 0 else f'row index {i}'}: {err}")
     if bad:
       more = f"; ... {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
       raise ValueError(
@@ -141,6 +158,69 @@ class CodeVerifier:
         + "; ".join(bad[:_SHOWN])
         + more
       )
+
+
+@dataclasses.dataclass
+class FunctionVerifier:
+  """A user's score function (`rlvr.rewards.custom`): its rewards, correct where > 0.
+
+  The function runs in this process, on every batch the loop scores, with the responses,
+  their reference answers and their problem statements ("" where a caller gives none).
+  Whatever it does wrong scores the responses concerned 0 with a verdict of
+  `custom.VERDICTS` (counted in `verdict_<reason>`; evaluation notes it per response).
+  `well_formed` is the math domain's (a final answer in `cfg.extraction` form): what a
+  format bonus rewards; a Verifier factory decides otherwise."""
+
+  cfg: RewardConfig
+  fn: Callable
+
+  def _call(self, texts, golds, prompts):
+    prompts = [""] * len(texts) if prompts is None else prompts
+    return custom.call(self.fn, self.cfg.domain, texts, golds, prompts)
+
+  def score(self, texts, golds, prompts=None):
+    rewards, verdicts = self._call(texts, golds, prompts)
+    return Scored(rewards, rewards > 0, {v: verdicts.count(v) for v in custom.VERDICTS})
+
+  def judge(self, texts, golds, prompts=None):
+    rewards, verdicts = self._call(texts, golds, prompts)
+    return rewards, rewards > 0, [{"verdict": v} for v in verdicts]
+
+  def well_formed(self, text: str) -> bool:
+    return _states_answer(self.cfg, text)
+
+  def for_eval(self) -> FunctionVerifier:
+    return self
+
+  def check_answers(self, examples, name) -> None:
+    del examples, name  # what an answer means is the function's business
+
+
+_PROTOCOL = ("score", "judge", "well_formed", "for_eval", "check_answers")
+
+
+@contextlib.contextmanager
+def _custom(cfg: RewardConfig) -> Iterator[Verifier]:
+  """The user's reward `cfg.domain` names: its score function in a FunctionVerifier, or the
+  Verifier its factory makes (entered when it is a context manager)."""
+  obj, kind = custom.load(cfg.domain, tuple(VERIFIERS))
+  if kind == custom.SCORE:
+    yield FunctionVerifier(cfg, obj)
+    return
+  try:
+    made = obj(cfg)
+  except Exception as e:  # noqa: BLE001 - the user's factory: one line at start-up
+    raise ValueError(f"reward.domain: {cfg.domain!r} raised {type(e).__name__}: {e}") from e
+  if not (hasattr(made, "__enter__") and hasattr(made, "__exit__")):
+    made = contextlib.nullcontext(made)
+  with made as verifier:
+    missing = [m for m in _PROTOCOL if not callable(getattr(verifier, m, None))]
+    if missing:
+      raise ValueError(
+        f"reward.domain: {cfg.domain!r} made a {type(verifier).__name__} without "
+        f"{', '.join(missing)} (the Verifier protocol of rlvr.rewards.verifiers)"
+      )
+    yield verifier
 
 
 @contextlib.contextmanager
@@ -163,7 +243,8 @@ VERIFIERS: dict[str, Callable[[RewardConfig, int], contextlib.AbstractContextMan
 
 
 def open_verifier(cfg: RewardConfig, workers: int = 2) -> contextlib.AbstractContextManager:
-  """The verifier of `cfg.domain`, as a context manager (`with open_verifier(cfg) as v:`)."""
+  """The verifier of `cfg.domain`, as a context manager (`with open_verifier(cfg) as v:`): a
+  built-in one, or the user's (`rlvr.rewards.custom`)."""
   if cfg.domain not in VERIFIERS:
-    raise ValueError(f"reward.domain: unknown {cfg.domain!r}; expected one of {sorted(VERIFIERS)}")
+    return _custom(cfg)
   return VERIFIERS[cfg.domain](cfg, workers)

@@ -105,7 +105,10 @@ def parse_tests(tests) -> TestSpec:
   if isinstance(tests, TestSpec):
     return tests
   if isinstance(tests, (str, bytes)):
-    tests = json.loads(tests)
+    try:
+      tests = json.loads(tests)
+    except json.JSONDecodeError as e:  # its "line 1 column 1" would read as the file's line
+      raise ValueError(f"tests: not valid JSON ({e.msg} at character {e.pos + 1})") from None
   if not isinstance(tests, dict):
     raise TypeError(f"tests: expected a dict or its JSON string, got {type(tests).__name__}")
   if "test" in tests or "test_list" in tests:
