@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -157,7 +158,12 @@ def prepare_model(cfg) -> str:
     tmp = path + f".tmp{os.getpid()}"
     model_lib.make_tiny(tmp, **tiny)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    os.replace(tmp, path)
+    try:
+      os.replace(tmp, path)
+    except OSError:  # another run built the same model meanwhile: use that one
+      if not os.path.exists(os.path.join(path, "config.json")):
+        raise
+      shutil.rmtree(tmp, ignore_errors=True)
   print(
     f"model: tiny random model {'built in' if built else 'from'} {path} (cache dir: "
     f"model.cache_dir, else ${CACHE_ENV}, else ~/.cache/rlvr)",

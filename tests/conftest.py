@@ -6,13 +6,14 @@ import atexit
 import ctypes
 import ctypes.util
 import gc
+import glob
 import json
 import os
+import re
 import resource
 import shutil
 import tempfile
 
-import own_process
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -36,7 +37,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 _MODULE_RSS: list[tuple[float, float, str]] = []  # (RSS after, peak so far, module) in GiB
+_TEST_PEAKS: list[tuple[float, float, str]] = []  # (peak rise, peak after, test) in GiB
 _GIB = float(1 << 30)
+_TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def _rss_gib() -> float:
@@ -46,6 +49,16 @@ def _rss_gib() -> float:
 
 def _peak_gib(who: int = resource.RUSAGE_SELF) -> float:
   return resource.getrusage(who).ru_maxrss * 1024 / _GIB  # Linux reports KiB
+
+
+@pytest.fixture(autouse=True)
+def _record_peak(request):
+  """The tests that raised this process's peak RSS, and by how much."""
+  before = _peak_gib()
+  yield
+  after = _peak_gib()
+  if after > before + 0.05:
+    _TEST_PEAKS.append((after - before, after, request.node.nodeid))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,22 +72,84 @@ def _release_module_memory(request):
   _MODULE_RSS.append((_rss_gib(), _peak_gib(), request.module.__name__))
 
 
+def _memory_figures() -> dict:
+  """This process's memory figures: its peak RSS, its largest child's, each module's."""
+  return {
+    "peak": _peak_gib(),
+    "children": _peak_gib(resource.RUSAGE_CHILDREN),
+    "modules": _MODULE_RSS,
+    "tests": sorted(_TEST_PEAKS, reverse=True)[:5],
+  }
+
+
+def pytest_sessionfinish(session):
+  workeroutput = getattr(session.config, "workeroutput", None)
+  if workeroutput is not None:  # a pytest-xdist worker: its figures go to the controller
+    workeroutput["rlvr_memory"] = json.dumps(_memory_figures())
+
+
+_WORKERS: dict[str, dict] = {}  # pytest-xdist: worker id -> its memory figures
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+  figures = getattr(node, "workeroutput", {}).get("rlvr_memory")
+  if figures:
+    _WORKERS[node.gateway.id] = json.loads(figures)
+
+
+# Test modules with a test or fixture that takes the session's one vLLM server: they push
+# weights to it in turn.
+_USES_VLLM = re.compile(r"def \w+\([^)]*\bvllm_server\b")
+_VLLM_MODULES = {
+  os.path.relpath(path, os.path.dirname(_TESTS))
+  for path in glob.glob(os.path.join(_TESTS, "test_*.py"))
+  if _USES_VLLM.search(open(path).read())
+}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """pytest-xdist (`-n 2`, the README's test command): each module runs whole on one worker,
+  so its module fixtures are built once, and the modules of the vLLM server all run on one
+  worker in file order, as they would in one process: one server, its weights pushed in
+  the order the tests expect."""
+  from xdist.scheduler import LoadScopeScheduling
+
+  class ByModule(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+      module = nodeid.split("::")[0]
+      return "vllm" if module in _VLLM_MODULES else module
+
+  return ByModule(config, log)
+
+
 def pytest_terminal_summary(terminalreporter):
-  if not _MODULE_RSS:
+  processes = _WORKERS or ({"pytest": _memory_figures()} if _MODULE_RSS else {})
+  if not processes:
     return
   tr = terminalreporter
   tr.section("memory")
-  tr.write_line(
-    f"pytest process: peak RSS {_peak_gib():.2f} GiB; largest child process (vLLM server, "
-    f"launch.* runs, sandboxes) {_peak_gib(resource.RUSAGE_CHILDREN):.2f} GiB"
-  )
-  grew, last = [], 0.0
-  for rss, peak, name in _MODULE_RSS:
-    grew.append((peak - last, rss, peak, name))
-    last = peak
-  for step, rss, peak, name in sorted(grew, reverse=True)[:5]:
+  grew = []
+  for name, fig in sorted(processes.items()):
+    tr.write_line(
+      f"{name} process: peak RSS {fig['peak']:.2f} GiB; largest child process (vLLM server, "
+      f"launch.* runs, sandboxes) {fig['children']:.2f} GiB"
+    )
+    last = 0.0
+    for rss, peak, module in fig["modules"]:
+      grew.append((peak - last, rss, peak, module, name))
+      last = peak
+  for step, rss, peak, module, name in sorted(grew, reverse=True)[:5]:
     if step > 0:
-      tr.write_line(f"  {name}: peak {peak:.2f} GiB (+{step:.2f}), {rss:.2f} GiB after it")
+      tr.write_line(
+        f"  {module} ({name}): peak {peak:.2f} GiB (+{step:.2f}), {rss:.2f} GiB after it"
+      )
+  tests = sorted((t for fig in processes.values() for t in fig["tests"]), reverse=True)[:5]
+  if tests:
+    tr.write_line("tests that raised a process's peak most:")
+  for step, peak, nodeid in tests:
+    tr.write_line(f"  {nodeid}: +{step:.2f} GiB, to {peak:.2f} GiB")
 
 
 LLAMA3_SCALING = dict(
@@ -207,10 +282,7 @@ def arithmetic_policy(tiny_dirs, tmp_path_factory):
   from rlvr.tasks import arithmetic
 
   train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
-  # A test run in a process of its own (own_process.py) is handed the suite's SFT'd dir.
-  out = own_process.shared("arithmetic_policy") or sft_on_arithmetic(
-    tiny_dirs["qwen2"], train[:300], str(tmp_path_factory.mktemp("svs_sft"))
-  )
+  out = sft_on_arithmetic(tiny_dirs["qwen2"], train[:300], str(tmp_path_factory.mktemp("svs_sft")))
   return out, train[300:]
 
 

@@ -16,6 +16,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from tiny_run import RAW_PROMPTS_RUN
 
 from rlvr import chat_templates, data, datasets, loop, settings
 from rlvr.rewards import RewardConfig
@@ -329,22 +330,7 @@ def test_launch_train_with_a_user_reward_on_raw_prompts(tmp_path):
     PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
     REWARD_CALLS=str(calls_path),
   )
-  flags = [
-    "--config.sft.steps=0",
-    "--config.data.arithmetic.n_sft=0",
-    "--config.data.arithmetic.n_train=8",
-    "--config.data.arithmetic.n_heldout=2",
-    "--config.rl.steps=1",
-    "--config.rl.loop.prompts_per_step=2",
-    "--config.rl.loop.group_size=4",
-    "--config.rl.loop.max_prompt_len=8",
-    "--config.rl.loop.max_response_len=8",
-    "--config.rl.loop.dynamic_sampling=False",
-    "--config.eval.sampling.n=2",
-    "--config.eval.sampling.max_tokens=8",
-    "--config.reward.domain=arith_reward:score",
-    "--config.data.chat_template=none",
-  ]
+  flags = [*RAW_PROMPTS_RUN, "--config.rl.steps=1", "--config.reward.domain=arith_reward:score"]
   out = subprocess.run(
     [sys.executable, "-m", "launch.train", "--config=configs/tiny_rlvr.py", f"--workdir={workdir}"]
     + flags,

@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import test_tracking
+from tiny_run import RAW_PROMPTS_RUN
 
 from configs import tiny_rlvr
 from rlvr import datasets, loop, metrics, samples_log
@@ -159,19 +160,8 @@ def _train(workdir, tmp_path, steps: int) -> None:
     f"--workdir={workdir}",
     f"--config.rl.steps={steps}",
     "--config.rl.log_samples_every=1",
-    "--config.sft.steps=0",
-    "--config.data.arithmetic.n_sft=0",
-    "--config.data.arithmetic.n_train=8",
-    "--config.data.arithmetic.n_heldout=2",
-    "--config.rl.loop.prompts_per_step=2",
-    "--config.rl.loop.group_size=4",
-    "--config.rl.loop.max_prompt_len=8",
-    "--config.rl.loop.max_response_len=8",
-    "--config.rl.loop.dynamic_sampling=False",
-    "--config.eval.sampling.n=2",
-    "--config.eval.sampling.max_tokens=8",
+    *RAW_PROMPTS_RUN,
     "--config.reward.domain=samples_reward:score",
-    "--config.data.chat_template=none",
     "--config.checkpoint.every=2",
     "--config.export_hf=False",
   ]
