@@ -27,6 +27,7 @@ import platform
 import shutil
 import sys
 import time
+import traceback
 from typing import Any, Callable
 
 import jax
@@ -290,8 +291,16 @@ class _DropSaveErrors(logging.Filter):
 
 
 class _DropAbandonedOrbaxTasks(logging.Filter):
+  """Drops asyncio's "exception was never retrieved" for a task of orbax's: one whose text
+  or traceback names orbax's code or a checkpoint's temporary directory."""
+
   def filter(self, record: logging.LogRecord) -> bool:
-    return f"{os.sep}orbax{os.sep}" not in record.getMessage()
+    text = record.getMessage()
+    if f"{os.sep}orbax{os.sep}" in text or ".orbax-checkpoint-tmp" in text:
+      return False
+    error = record.exc_info[1] if record.exc_info else None
+    frames = traceback.walk_tb(error.__traceback__) if error is not None else ()
+    return not any(f"{os.sep}orbax{os.sep}" in frame.f_code.co_filename for frame, _ in frames)
 
 
 _ABANDONED = _DropAbandonedOrbaxTasks()

@@ -165,8 +165,8 @@ def prepare_model(cfg) -> str:
         raise
       shutil.rmtree(tmp, ignore_errors=True)
   print(
-    f"model: tiny random model {'built in' if built else 'from'} {path} (cache dir: "
-    f"model.cache_dir, else ${CACHE_ENV}, else ~/.cache/rlvr)",
+    f"model: tiny random model {'built in' if built else 'from'} {path} "
+    f"(model.cache_dir or ${CACHE_ENV} moves it)",
     flush=True,
   )
   return path

@@ -267,6 +267,24 @@ def test_launch_train_whose_disk_fills_at_a_checkpoint_stops_in_one_line(tmp_pat
     assert os.path.exists(os.path.join(workdir, "eval_before_rl", "eval.json"))
 
 
+def test_asyncio_says_nothing_of_a_failed_saves_abandoned_writes_and_all_else_it_did():
+  """After a failed save, asyncio reports each write task orbax abandoned when the task is
+  collected, which may be long after the save's own error was raised and reported."""
+  import logging
+
+  def record(message):
+    return logging.LogRecord("asyncio", logging.ERROR, "base_events.py", 1, message, None, None)
+
+  abandoned = (
+    "_GatheringFuture exception was never retrieved\nfuture: <_GatheringFuture finished "
+    'exception=ValueError(\'RESOURCE_EXHAUSTED: Error writing "opt_state.1.count/0" in OCDBT '
+    'database at local file "/w/checkpoints/1.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"'
+    ": No space left on device [os_error_code='28']')>"
+  )
+  assert not checkpoint._ABANDONED.filter(record(abandoned))
+  assert checkpoint._ABANDONED.filter(record("Task exception was never retrieved\nfuture: x"))
+
+
 @pytest.mark.slow
 def test_two_processes_write_one_manifest_and_resume_past_a_damaged_step(tmp_path):
   """Process 0 writes the manifest once both processes finished writing (their data
