@@ -290,7 +290,10 @@ def test_method_from_outside_the_library_stops_on_sigterm_and_resumes_with_its_s
   ], lines
   rate = r"\d+\.\d% -> \d+\.\d%"
   assert re.fullmatch(rf"heldout: pass@1 {rate}, pass@2 {rate} \(before -> after RL\)", lines[-3])
-  assert lines[-4].startswith("RL: 4 steps of counting (") and max(map(len, lines)) < 200
+  assert lines[-4].startswith("RL: 4 steps of counting (")
+  # Short lines, whatever the length of the paths they name.
+  short = [line.replace(str(cut), "DIR").replace(os.path.expanduser("~"), "~") for line in lines]
+  assert max(map(len, short)) < 200, short
   # The method's own counter and data position continue where the first invocation stopped.
   assert [r["counting_calls"] for r in resumed] == [1, 2, 3, 4]
   assert [r["counting_position"] for r in resumed] == [4, 8, 12, 16]

@@ -197,7 +197,7 @@ def test_parse_reads_routed_experts_in_the_samplers_layout():
     ServerOptions(device="cpu", routed_experts=True)
 
 
-def _abort_in_flight(sampler, server, sp, tries=8):
+def _abort_in_flight(sampler, server, sp, tries=20):
   """A future of `sampler.generate` whose request the server aborted (its `/abort_requests`
   route, as a shutdown does). On the CPU build the server's HTTP side barely answers while
   its engine decodes, so aborts are sent from the moment the request is: the first that
