@@ -178,7 +178,8 @@ def learner_step(cfg, params, s, attention_impl: str, peak_tflops):
   import jax.numpy as jnp
   import numpy as np
 
-  from rlvr import learner, sharding
+  from rlvr import learner
+  from rlvr.parallel import sharding
 
   rows, t = s["learner_rows"], s["learner_t"]
   lc = learner.LearnerConfig(compute_dtype="bfloat16", remat=True, attention=attention_impl)

@@ -90,7 +90,8 @@ def bench_ours(cfg, tokens, mask, adv):
   import jax
   import jax.numpy as jnp
 
-  from rlvr import learner, model, sharding
+  from rlvr import learner, model
+  from rlvr.parallel import sharding
 
   lc = learner.LearnerConfig(
     learning_rate=1e-6,

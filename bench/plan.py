@@ -55,9 +55,9 @@ def _model_config(cfg):
     (k for k in PAPER_MODELS if os.path.basename(cfg.workdir).endswith(k)), "config"
   )
   if key == "config":
-    from rlvr import runner
+    from rlvr.run import workdir
 
-    path = runner.prepare_model(cfg)
+    path = workdir.prepare_model(cfg)
     return ModelConfig.from_hf(path), path
   if key not in PAPER_MODELS:
     raise app.UsageError(f"--model: unknown {key!r}; expected one of {sorted(PAPER_MODELS)}")
@@ -98,11 +98,14 @@ def plan(cfg, devices: int) -> dict:
   import jax
   import jax.numpy as jnp
 
-  from rlvr import checkpoint, learner, loop, settings, sharding
+  from rlvr import learner, rollout
+  from rlvr.common import settings
+  from rlvr.parallel import sharding
+  from rlvr.run import checkpoint
 
   model_cfg, model_name = _model_config(cfg)
   lc = settings.frozen(learner.LearnerConfig, cfg.rl.learner)
-  rl = settings.frozen(loop.RLConfig, cfg.rl.loop)
+  rl = settings.frozen(rollout.RLConfig, cfg.rl.loop)
   mesh = sharding.make_mesh(cfg.mesh.to_dict())
   state = checkpoint.abstract_state(model_cfg, lc, mesh)
   rows, t = rl.mini_batch_rows, rl.seq_len

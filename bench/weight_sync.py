@@ -55,9 +55,9 @@ def _bench_model(name: str, work: str) -> dict:
   import jax.numpy as jnp
 
   from rlvr import model
-  from rlvr.sampling.transfer import host_tensors
   from rlvr.sampling.vllm_sampler import VLLMSampler, serve_policy_copy
   from rlvr.sampling.vllm_server import ServerOptions, start_server
+  from rlvr.sampling.weights import host_tensors
 
   cfg, params, tok = _policy(name, os.path.join(work, name))
   dtype = jnp.dtype(FLAGS.sync_dtype)

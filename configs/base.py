@@ -1,7 +1,7 @@
 """Every field of an rlvr experiment, each default in one place.
 
 Sections that configure a library dataclass are built from it
-(`rlvr.settings.section`), so the dataclass holds the default and every field
+(`rlvr.common.settings.section`), so the dataclass holds the default and every field
 can be overridden from the command line on every config
 (`--config.rl.learner.micro_batches=4`); a mistyped key is an error naming it.
 Experiment configs start from `get_config()` (or `paper()`) and override single
@@ -12,9 +12,12 @@ import os
 
 import ml_collections
 
-from rlvr import data, datasets, experiment, learner, loop, settings, shaping
+from rlvr import learner, rollout
+from rlvr.common import settings
+from rlvr.data import datasets, prompts
 from rlvr.methods import qbq as qbq_method
-from rlvr.rewards import RewardConfig
+from rlvr.rewards import RewardConfig, shaping
+from rlvr.run import experiment
 from rlvr.sampling.config import SamplerConfig
 from synthesis import composition, svs
 
@@ -52,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rl = ml_collections.ConfigDict()
   c.rl.steps = 500
   c.rl.log_samples_every = 0  # every N RL steps, workdir/samples/step_<k>.jsonl (0 = off)
-  c.rl.loop = settings.section(loop.RLConfig)  # rollouts, dynamic sampling
+  c.rl.loop = settings.section(rollout.RLConfig)  # rollouts, dynamic sampling
   c.rl.learner = settings.section(learner.LearnerConfig)  # optimizer and GRPO loss
 
   c.reward = settings.section(RewardConfig)  # verifier: answer extraction and matching
@@ -140,7 +143,7 @@ def paper_code(name: str, *, steps: int, method: str = "rlvr") -> ml_collections
   c = paper(name, steps=steps, method=method, fsdp=4)
   c.reward.domain = "code"
   c.reward.code.workers = 32  # sandboxes at once on the learner host
-  c.data.instruction = data.CODE_INSTRUCTION
+  c.data.instruction = prompts.CODE_INSTRUCTION
   c.data.eval_paths = ["humaneval"]
   c.eval.sampling.n = 16  # the paper reports pass@1, and avg@16 on CodeContests
   return c

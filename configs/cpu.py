@@ -1,4 +1,4 @@
-"""Any shipped config, scaled down to run a few steps on a CPU (`rlvr.experiment.scale_down`).
+"""Any shipped config, scaled down to run a few steps on a CPU (`rlvr.run.experiment.scale_down`).
 
 The same method and settings path as the paper run, at a size a laptop finishes in
 minutes: the mesh on the local devices, the in-process sampler, short lengths, 4 prompts
@@ -12,7 +12,7 @@ training file; any `--config.x=...` after it still applies:
 
 import importlib
 
-from rlvr import experiment
+from rlvr.run import experiment
 
 
 def get_config(name: str):

@@ -23,7 +23,7 @@ def get_config():
   c = tiny_rlvr.get_config()
   c.workdir = "workdir/tiny"
   c.method = "svs"
-  c.svs.template = "arithmetic"  # rlvr.tasks.arithmetic.INVERSE_TEMPLATE
+  c.svs.template = "arithmetic"  # rlvr.data.tasks.arithmetic.INVERSE_TEMPLATE
   c.data.arithmetic.inverse_pairs = True
   c.sft.steps = SFT_STEPS
   c.sft.learner.total_steps = SFT_STEPS

@@ -20,7 +20,7 @@ from configs import tiny_rlvr
 def get_config():
   c = tiny_rlvr.get_config()
   c.workdir = "workdir/tiny_code"
-  c.data.arithmetic.answer = "program"  # rlvr.tasks.arithmetic.as_program
+  c.data.arithmetic.answer = "program"  # rlvr.data.tasks.arithmetic.as_program
   c.data.arithmetic.inverse_pairs = True  # SFT also teaches synthesis (used by method=svs)
   c.reward.domain = "code"  # programs against tests in the sandbox
   c.reward.code.workers = 4  # sandboxes at once (each mostly waits on process start-up)

@@ -1,7 +1,7 @@
 """Composition-RL at embedded scale: the depth curriculum on composed arithmetic.
 
 The arithmetic task of configs/tiny_rlvr.py composed by construction
-(`rlvr.tasks.composed`: "X=3*5-2. Y=X-11. Compute 9*Y+2." -> 20), depths 1, 2, 3,
+(`rlvr.data.tasks.composed`: "X=3*5-2. Y=X-11. Compute 9*Y+2." -> 20), depths 1, 2, 3,
 with exact answers, so the whole method runs on 2 CPU cores without an assistant
 model. SFT sees worked solutions at every depth; GRPO then follows the paper's
 curriculum: depth 1, then 2, then 3, moving on after `max_steps` steps or once

@@ -4,7 +4,7 @@ The arithmetic policy of configs/tiny_rlvr.py, SFT'd on 2- and 3-operation worke
 solutions, then QbQ rounds
 (`rlvr.methods.qbq`): solve counts of k = 8 samples over a 96-problem pool, seeds
 from the mostly-right band (4..7 of 8), three operator-like variants per seed with
-exact answers (`rlvr.tasks.variants`), SelectRL with N = 32, one pass of 8 steps x 4
+exact answers (`rlvr.data.tasks.variants`), SelectRL with N = 32, one pass of 8 steps x 4
 problems per round with a fresh optimizer, held-out pass@k after every round.
 Stage artifacts per round under workdir/qbq/round_XX/.
 

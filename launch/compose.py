@@ -8,7 +8,7 @@ r"""Composition-RL data: composed problems built by an assistant LLM behind a se
 The plan is drawn up front from --seed (docs/methods.md#depth-and-surrogate-pools), each
 chain composed by `synthesis.composition.compose` through the assistant; the
 plan, the resumable output files (OUT, OUT.rejected.jsonl, OUT.plan.json) and
-the yield funnel (OUT.report.json) are `rlvr.compose_run`'s. Rerunning the same
+the yield funnel (OUT.report.json) are `rlvr.methods.composition_build`'s. Rerunning the same
 command skips the ids already finished and composes the rest; a larger --n
 extends the same plan. --api_key (default: $VLLM_API_KEY) is sent as a bearer
 token, as `launch.serve_vllm --api_key` requires.
@@ -21,7 +21,7 @@ import sys
 
 from absl import app, flags
 
-from rlvr import compose_run
+from rlvr.methods import composition_build as compose_run
 from rlvr.sampling.assistant import Assistant
 from rlvr.sampling.http import API_KEY_ENV, short_error
 
@@ -93,7 +93,7 @@ def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}")
   _check_flags()
-  from rlvr.data import DatasetError
+  from rlvr.data.readers import DatasetError
 
   try:
     first, second = compose_run.load_sources(FLAGS.source, FLAGS.second_source)

@@ -39,7 +39,7 @@ flags.DEFINE_enum(
   "answer column (code). Default: the run's reward.domain, else math.",
 )
 flags.DEFINE_string("workdir", "workdir/eval", "Output directory.")
-_EVAL_HELP = {  # the sampling flags: one per rlvr.evaluation.EvalConfig field, its default
+_EVAL_HELP = {  # the sampling flags: one per rlvr.run.evaluation.EvalConfig field, its default
   "n": "Samples per problem (pass@k for k = 1, 2, 4, ... <= n).",
   "seeds": "Sampling seeds; the report gives mean and std over them.",
   "temperature": "Sampling temperature.",
@@ -52,7 +52,7 @@ _EVAL_HELP = {  # the sampling flags: one per rlvr.evaluation.EvalConfig field, 
 
 
 def _define_eval_flags() -> None:
-  from rlvr.evaluation import EvalConfig
+  from rlvr.run.evaluation import EvalConfig
 
   for f in dataclasses.fields(EvalConfig):
     define = {int: flags.DEFINE_integer, float: flags.DEFINE_float}.get(type(f.default))
@@ -67,7 +67,7 @@ flags.DEFINE_integer("limit", 0, "Use the first N problems of each set (0 = all)
 flags.DEFINE_string(
   "instruction",
   None,
-  "Appended to each problem (default: the run's, else rlvr.data.DEFAULT_INSTRUCTION).",
+  "Appended to each problem (default: the run's, else rlvr.data.prompts.DEFAULT_INSTRUCTION).",
 )
 flags.DEFINE_string(
   "chat_template",
@@ -103,17 +103,20 @@ def main(argv):
 
   from transformers import AutoTokenizer
 
-  from rlvr import chat_templates, evaluation, model, oom, settings
-  from rlvr import data as data_lib
-  from rlvr.loop import Prompt
+  from rlvr import model
+  from rlvr.common import settings
+  from rlvr.data import chat_templates, prompts
+  from rlvr.data import readers as data_lib
   from rlvr.rewards import RewardConfig
   from rlvr.rewards.verifiers import open_verifier
+  from rlvr.rollout import Prompt
+  from rlvr.run import evaluation, oom
   from rlvr.sampling import JaxSampler
 
   sets, domains, run_cfg = {}, {}, None
   if FLAGS.run:
     run_cfg = _run_settings(FLAGS.run)
-    from rlvr import datasets
+    from rlvr.data import datasets
 
     evals = datasets.prepare(run_cfg.data, run_cfg.seed).evals
     sets = {name: exs[: FLAGS.limit or None] for name, exs in evals.items()}
@@ -148,12 +151,12 @@ def main(argv):
     sampler = JaxSampler(cfg, params, tok)
   for path in FLAGS.data:
     if path == "humaneval":
-      from rlvr import datasets
+      from rlvr.data import datasets
 
       sets["humaneval"] = datasets.humaneval_examples()[: FLAGS.limit or None]
       domains["humaneval"] = "code"
     elif path == "arithmetic":
-      from rlvr.tasks import arithmetic
+      from rlvr.data.tasks import arithmetic
 
       _, heldout = arithmetic.make_splits(0, FLAGS.limit or 256, 1, 0)
       sets["arithmetic-heldout"] = arithmetic.to_examples(heldout)
@@ -170,7 +173,7 @@ def main(argv):
   ecfg = dataclasses.replace(ecfg, seeds=tuple(int(s) for s in ecfg.seeds))
   instruction = pick("instruction", run_cfg.data.instruction if run_cfg else None)
   if instruction is None:
-    instruction = data_lib.DEFAULT_INSTRUCTION
+    instruction = prompts.DEFAULT_INSTRUCTION
   run_template = run_cfg.data.get("chat_template", "") if run_cfg else ""
   chat_template = pick("chat_template", run_template) or ""
   try:
@@ -198,10 +201,10 @@ def main(argv):
       verifier.check_answers(exs, f"eval set {name}")
       told = instruction
       if name == "humaneval" and not FLAGS["instruction"].present:
-        told = data_lib.CODE_INSTRUCTION
+        told = prompts.CODE_INSTRUCTION
       prompts = [
         Prompt(
-          tuple(data_lib.format_prompt(tok, e.problem, told, chat_template)),
+          tuple(prompts.format_prompt(tok, e.problem, told, chat_template)),
           e.answer,
           e.problem,
           name,
@@ -227,7 +230,7 @@ def main(argv):
 
 
 def _run_settings(workdir: str):
-  """The resolved config a run saved (runner.setup writes WORKDIR/config.json)."""
+  """The resolved config a run saved (workdir.setup writes WORKDIR/config.json)."""
   import json
   import os
 

@@ -28,7 +28,7 @@ flags.DEFINE_float("q", 1.0, "Vendi order (1: the paper's; inf: 1 / largest eige
 
 
 def _problems(path: str, accepted_only: bool) -> list[str]:
-  from rlvr import fileio
+  from rlvr.common import fileio
 
   rows = fileio.read_jsonl(path)
   return [r["problem"] for r in rows if not accepted_only or r.get("reason") == "accepted"]

@@ -40,23 +40,26 @@ flags.DEFINE_string("mesh", "fsdp=-1", "Mesh axes, e.g. data=2,fsdp=4.")
 flags.DEFINE_integer("seed", 0, "Shuffling seed.")
 flags.DEFINE_integer("lora_rank", 0, "LoRA rank (0 = full fine-tuning); written merged.")
 flags.DEFINE_float("lora_alpha", 64.0, "LoRA alpha (scale alpha / rank).")
-flags.DEFINE_float("lora_dropout", 0.05, "LoRA dropout (rows of A, per step; rlvr/lora.py).")
+flags.DEFINE_float(
+  "lora_dropout", 0.05, "LoRA dropout (rows of A, per step; rlvr/learner/lora.py)."
+)
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
-  from rlvr import learner, sharding
-  from rlvr.lora import LoraConfig
-  from rlvr.sft import train_sft
+  from rlvr import learner
+  from rlvr.learner.lora import LoraConfig
+  from rlvr.parallel import sharding
+  from rlvr.run.sft import train_sft
 
   if FLAGS.data == "arithmetic":
-    from rlvr.tasks import arithmetic
+    from rlvr.data.tasks import arithmetic
 
     train, _ = arithmetic.make_splits(1000, 0, 1, FLAGS.seed)
     pairs = [(p.problem, p.solution) for p in train]
   else:
-    from rlvr.data import read_dataset
+    from rlvr.data.readers import read_dataset
 
     ds = read_dataset(
       FLAGS.data, problem_field=FLAGS.problem_field, answer_field=FLAGS.completion_field
@@ -82,7 +85,7 @@ def main(argv):
     model_dir = hub.resolve(FLAGS.model, "--model")
   except FileNotFoundError as e:
     raise app.UsageError(str(e)) from None
-  from rlvr import oom
+  from rlvr.run import oom
 
   with oom.reported("launch.sft", "SFT", "lower --batch_size, or use more devices (--mesh)"):
     out = train_sft(

@@ -55,7 +55,7 @@ flags.DEFINE_bool(
 )
 
 # What a run raises for bad settings or data (messages name the field, file or row), a
-# checkpoint that does not verify (`rlvr.checkpoint.CheckpointError`, a ValueError), a work
+# checkpoint that does not verify (`rlvr.run.checkpoint.CheckpointError`, a ValueError), a work
 # dir another run holds, or a disk that cannot be written (full, read-only: `fileio.disk_error`
 # names the path and what to do): one line on stderr, exit 1. Anything else is a bug and
 # keeps its traceback.
@@ -186,13 +186,15 @@ def main(argv):
   if FLAGS.print_config:
     print(cfg)
     return
-  from rlvr import fileio, loop, oom, progress, runner
+  from rlvr import rollout
+  from rlvr.common import fileio, progress
   from rlvr.rewards.code import CodeSandboxError
+  from rlvr.run import oom, runner
   from rlvr.sampling.assistant import AssistantError
   from rlvr.sampling.vllm_sampler import SamplerError
   from rlvr.sampling.vllm_server import ServerStartError
 
-  # Outside the SFT / RL loops (which stop after a whole step and save, `rlvr.interrupt`),
+  # Outside the SFT / RL loops (which stop after a whole step and save, `rlvr.run.interrupt`),
   # SIGTERM interrupts like Ctrl-C: set-up or an evaluation in progress is abandoned
   # (nothing half-written: results and checkpoints are written whole) and reported below.
   pending = []
@@ -246,7 +248,7 @@ def main(argv):
   except (
     *USER_ERRORS,
     fileio.WorkdirBusyError,
-    loop.NoSignalError,
+    rollout.NoSignalError,
     CodeSandboxError,
     AssistantError,
     SamplerError,

@@ -30,6 +30,16 @@ import re
 from fractions import Fraction
 from typing import Callable, Sequence
 
+from synthesis.numbers import (
+  clashes,
+  default_equivalent,
+  format_number,
+  numbers_in,
+  parse_number,
+  symbols,
+  valid_name,
+)
+
 _PROMPTS = os.path.join(os.path.dirname(__file__), "prompts")
 Complete = Callable[[list[str]], list[str]]
 
@@ -73,141 +83,6 @@ def tag(text: str, name: str) -> str | None:
   """Content of the last <name>...</name> in text (chatter around it is fine)."""
   found = re.findall(rf"<{name}>(.*?)</{name}>", text, re.DOTALL | re.IGNORECASE)
   return found[-1].strip() if found else None
-
-
-# A decimal as written: digits, with commas only where they group thousands (every group
-# after the first has exactly three digits: "1,000" and "12,345,678", not "2,3" or
-# "1,200,3"), then an optional decimal part.
-_DECIMAL = r"(?:\d{1,3}(?:,\d{3})+(?!,?\d)|\d+)(?:\.\d+)?"
-_MINUS = "-\u2212"  # the hyphen-minus and the Unicode minus sign
-_FRAC_ARG = rf"\{{\s*[{_MINUS}]?{_DECIMAL}\s*\}}|\d"  # "{-3}", "{1,000}" or one digit
-_NUMBER = re.compile(
-  rf"(?P<sign>[{_MINUS}])?"
-  rf"(?:\\[dt]?frac\s*(?P<num>{_FRAC_ARG})\s*(?P<den>{_FRAC_ARG})"
-  rf"|(?P<plain>{_DECIMAL})(?:/(?P<over>{_DECIMAL}))?)"
-)
-# LaTeX relations and operators: a minus after one of them is a sign ("x \le -3").
-_OPERATOR_COMMANDS = frozenset(
-  {
-    "le",
-    "leq",
-    "ge",
-    "geq",
-    "lt",
-    "gt",
-    "ne",
-    "neq",
-    "approx",
-    "equiv",
-    "cdot",
-    "times",
-    "div",
-    "pm",
-    "mp",
-    "to",
-    "in",
-    "quad",
-    "qquad",
-  }
-)
-
-
-def _exact(written: str) -> Fraction:
-  """The value of a decimal or braced \\frac argument as written: "{-1,000.5}" -> -2001/2."""
-  return Fraction(written.strip("{}").strip().replace(",", "").replace("\u2212", "-"))
-
-
-def _magnitude(m: re.Match) -> Fraction | None:
-  """The value of a _NUMBER match without its leading sign; None for a zero denominator."""
-  if m["num"] is not None:
-    num, den = _exact(m["num"]), _exact(m["den"])
-  else:
-    num, den = _exact(m["plain"]), _exact(m["over"] or "1")
-  return num / den if den else None
-
-
-def _is_sign(text: str, i: int) -> bool:
-  """Whether the minus at text[i] makes the number after it negative.
-
-  Right after an operand (spaces skipped) the minus subtracts: after a digit, a closing
-  bracket, "!", "%", a one-letter variable or a LaTeX symbol such as \\pi, so "2x-7",
-  "5 - 3" and "2\\pi-3" hold 7, 3 and 3. Anywhere else it is a sign: at the start, after
-  "=", "(", ",", another operator, a word ("2 and -3") or a LaTeX relation or operator
-  command: "-7", "x = -3", "(-2, 5)", "5 - -3", "x \\le -3". (A product of letters
-  reads as a word: "xy-3" holds -3.)
-  """
-  while i > 0 and text[i - 1].isspace():
-    i -= 1
-  if i == 0:
-    return True
-  word = i
-  while word > 0 and text[word - 1].isalpha():
-    word -= 1
-  if word < i:
-    if word > 0 and text[word - 1] == "\\":
-      return text[word:i] in _OPERATOR_COMMANDS
-    return i - word > 1
-  return not (text[i - 1].isdigit() or text[i - 1] in ")]}!%")
-
-
-def parse_number(s: str | None) -> Fraction | None:
-  """The exact number a whole string states, else None.
-
-  Reads "12", "-3.5", "1,000", "3/4", "\\frac{3}{4}", "-\\dfrac{1}{2}", "\\frac12" and
-  "$12$". Spaces are dropped except after a comma, which separates numbers: "2, 3",
-  "(2,3)" and "5-3" state no single number.
-  """
-  if s is None:
-    return None
-  s = s.strip().strip("$")
-  for markup in ("\\!", "\\left", "\\right"):
-    s = s.replace(markup, "")
-  s = re.sub(r"(?<!,)\s+", "", s.replace("{,}", ","))
-  m = _NUMBER.fullmatch(s)
-  value = _magnitude(m) if m else None
-  return -value if value is not None and m["sign"] else value
-
-
-def numbers_in(text: str) -> list[Fraction]:
-  """Every number written in a text, in order of writing.
-
-  Each is read as parse_number reads it, with two rules for running text: a minus is a
-  sign only where _is_sign says so ("5-3" holds 5 and 3, "x = -\\frac{1}{2}" holds -1/2),
-  and a comma that does not group thousands separates numbers ("(2,3)" holds 2 and 3,
-  "1,000" holds 1000). A fraction with a zero denominator is no number.
-  """
-  text = text.replace("{,}", ",")
-  out = []
-  for m in _NUMBER.finditer(text):
-    value = _magnitude(m)
-    if value is not None:
-      out.append(-value if m["sign"] and _is_sign(text, m.start()) else value)
-  return out
-
-
-def default_equivalent(a: str, b: str) -> bool:
-  """Exact numeric equality when both parse, else equal text."""
-  x, y = parse_number(a), parse_number(b)
-  return x == y if x is not None and y is not None else a.strip() == b.strip()
-
-
-def clashes(name: str, *texts: str) -> bool:
-  """Whether `name` already stands as a symbol in any text (not inside a longer word)."""
-  pattern = rf"(?<![A-Za-z\\]){re.escape(name)}(?![A-Za-z])"
-  return any(re.search(pattern, t) for t in texts)
-
-
-def symbols(text: str) -> list[str]:
-  """Single letters standing alone in a text (the names a new variable must avoid)."""
-  return sorted(set(re.findall(r"(?<![A-Za-z\\])[A-Za-z](?![A-Za-z])", text)))
-
-
-def _valid_name(name: str | None) -> bool:
-  return bool(name) and re.fullmatch(r"[A-Za-z](?:_?\w{0,2})?", name) is not None
-
-
-def _fmt(v: Fraction) -> str:
-  return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
 
 
 # ------------------------------------------------------------------ one composition
@@ -267,7 +142,7 @@ def _parse_define(w: _Work, out: str) -> None:
   (x, definition), w.v1 = (got[0]["variable"], got[0]["definition"]), got[1]
   if w.v1 not in numbers_in(w.q1.answer):
     return w.reject("define", "value is not a number of the answer")
-  if not _valid_name(x) or clashes(x, w.q1.text, w.q2.text):
+  if not valid_name(x) or clashes(x, w.q1.text, w.q2.text):
     return w.reject("define", "name clash")
   w.x, w.definition = x, definition
 
@@ -279,7 +154,7 @@ def _parse_replace(w: _Work, out: str) -> None:
   (y, rewritten), w.v2 = (got[0]["variable"], got[0]["problem"]), got[1]
   if w.v2 not in numbers_in(w.q2.text):
     return w.reject("replace", "removed constant is not in the problem")
-  if not _valid_name(y) or y == w.x or clashes(y, w.q1.text, w.q2.text, w.definition):
+  if not valid_name(y) or y == w.x or clashes(y, w.q1.text, w.q2.text, w.definition):
     return w.reject("replace", "name clash")
   if not clashes(y, rewritten):
     return w.reject("replace", "rewritten problem does not use the new variable")
@@ -301,7 +176,7 @@ def _checked(stage: str, want: Callable[[_Work], Fraction], equivalent):
     value = tag(out, "value")
     if value is None:
       return w.reject(stage, "missing tag")
-    if value.strip().lower() == "none" or not equivalent(value, _fmt(want(w))):
+    if value.strip().lower() == "none" or not equivalent(value, format_number(want(w))):
       return w.reject(stage, f"{stage} recomputation differs")
 
   return parse
@@ -344,7 +219,7 @@ def compose(
   _step(
     works,
     complete,
-    lambda w: t_rel.format(x=w.x, v1=_fmt(w.v1), y=w.y, v2=_fmt(w.v2)),
+    lambda w: t_rel.format(x=w.x, v1=format_number(w.v1), y=w.y, v2=format_number(w.v2)),
     _parse_relate,
   )
   _step(
@@ -362,7 +237,9 @@ def compose(
   _step(
     works,
     complete,
-    lambda w: t_v3.format(problem=w.text, x=w.x, v1=_fmt(w.v1), y=w.y, v2=_fmt(w.v2)),
+    lambda w: t_v3.format(
+      problem=w.text, x=w.x, v1=format_number(w.v1), y=w.y, v2=format_number(w.v2)
+    ),
     _parse_whole,
   )
   out = []
@@ -374,7 +251,16 @@ def compose(
     inner_ids = w.q2.id.split("+") if "+" in w.q2.id else [w.q2.id]
     out.append(
       Outcome(
-        Composed(q12, (w.q1.id, *inner_ids), depth, _fmt(w.v1), _fmt(w.v2), w.x, w.y, w.relation),
+        Composed(
+          q12,
+          (w.q1.id, *inner_ids),
+          depth,
+          format_number(w.v1),
+          format_number(w.v2),
+          w.x,
+          w.y,
+          w.relation,
+        ),
         "accepted",
       )
     )

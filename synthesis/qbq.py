@@ -31,7 +31,8 @@ import os
 import re
 from typing import Callable, Iterable, Mapping, Sequence
 
-from synthesis.composition import default_equivalent, tag
+from synthesis.composition import tag
+from synthesis.numbers import default_equivalent
 
 _PROMPTS = os.path.join(os.path.dirname(__file__), "prompts")
 Complete = Callable[[list[str]], list[str]]

@@ -75,7 +75,8 @@ def main():
   import numpy as np
 
   jax.config.update("jax_num_cpu_devices", 1)
-  from rlvr import checkpoint, distributed, sharding
+  from rlvr.parallel import distributed, sharding
+  from rlvr.run import checkpoint
 
   distributed.initialize(f"127.0.0.1:{a.port}", 2, a.process_id)
   mesh = sharding.make_mesh({"fsdp": 2})

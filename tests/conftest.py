@@ -231,7 +231,8 @@ def vllm_server(served_model_dir):
 def one_device_learner():
   """(model config, params, learning rate, **LearnerConfig fields) -> (state, update,
   to_batch) on one CPU device."""
-  from rlvr import learner, sharding
+  from rlvr import learner
+  from rlvr.parallel import sharding
 
   def make(cfg, params, lr, **learner_fields):
     mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
@@ -251,9 +252,10 @@ def sft_on_arithmetic(model_dir: str, problems, out_dir: str) -> str:
   pairs (as the embedded default's warm start); the SFT'd HF dir."""
   import jax
 
-  from rlvr import learner, sharding
-  from rlvr.sft import train_sft
-  from rlvr.tasks import arithmetic
+  from rlvr import learner
+  from rlvr.data.tasks import arithmetic
+  from rlvr.parallel import sharding
+  from rlvr.run.sft import train_sft
 
   pairs = [(p.problem, p.solution) for p in problems]
   pairs += [arithmetic.inverse_pair(p) for p in problems]
@@ -279,7 +281,7 @@ def arithmetic_policy(tiny_dirs, tmp_path_factory):
   so some are underperforming, and turns solutions back into problems, so the
   step sees synthesis and synthetic-solving groups. Same architecture and
   tokenizer as the served model: the vLLM test pushes these weights."""
-  from rlvr.tasks import arithmetic
+  from rlvr.data.tasks import arithmetic
 
   train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
   out = sft_on_arithmetic(tiny_dirs["qwen2"], train[:300], str(tmp_path_factory.mktemp("svs_sft")))

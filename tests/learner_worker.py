@@ -67,7 +67,9 @@ def main():
   import jax
 
   jax.config.update("jax_num_cpu_devices", a.devices)
-  from rlvr import checkpoint, distributed, learner, model, sharding
+  from rlvr import learner, model
+  from rlvr.parallel import distributed, sharding
+  from rlvr.run import checkpoint
 
   if a.num_processes > 1:
     distributed.initialize(f"127.0.0.1:{a.port}", a.num_processes, a.process_id)

@@ -13,8 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(coordinator, process_id, url, model_name, model_dir, out):
-  from rlvr import distributed
   from rlvr.model.config import ModelConfig
+  from rlvr.parallel import distributed
   from rlvr.sampling import SamplingParams
   from rlvr.sampling.split import ProcessSplitSampler
   from rlvr.sampling.vllm_sampler import VLLMSampler

@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from rlvr import data
-from rlvr.tasks import arithmetic
+from rlvr.data import prompts
+from rlvr.data.tasks import arithmetic
 
 STEP = re.compile(r"(\d+)([+\-*])(\d+)=(\d+)\.")
 
@@ -112,11 +112,11 @@ def test_token_lengths_fit_the_tiny_budget(tokenizer):
   rows = []
   for d in (1, 2):
     problems = arithmetic.generate(500, difficulty=d, seed=0)
-    bare = [len(data.format_prompt(tokenizer, p.problem, instruction="")) for p in problems]
-    instr = [len(data.format_prompt(tokenizer, p.problem)) for p in problems]
+    bare = [len(prompts.format_prompt(tokenizer, p.problem, instruction="")) for p in problems]
+    instr = [len(prompts.format_prompt(tokenizer, p.problem)) for p in problems]
     sol = [len(tokenizer(p.solution)["input_ids"]) + 1 for p in problems]  # + <|im_end|>
     inv_p = [
-      len(data.format_prompt(tokenizer, arithmetic.inverse_pair(p)[0], instruction=""))
+      len(prompts.format_prompt(tokenizer, arithmetic.inverse_pair(p)[0], instruction=""))
       for p in problems
     ]
     inv_t = [len(tokenizer(arithmetic.inverse_pair(p)[1])["input_ids"]) + 1 for p in problems]

@@ -16,8 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from rlvr import checkpoint, sharding
 from rlvr.model import decoder
+from rlvr.parallel import sharding
+from rlvr.run import checkpoint
 
 MODEL = worker.MODEL
 LEARNER = worker.learner_config()

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from rlvr import data as data_lib
-from rlvr import datasets
+from rlvr.data import datasets
+from rlvr.data import readers as data_lib
 from rlvr.rewards import RewardConfig
 from rlvr.rewards.code import REASONS
 from rlvr.rewards.verifiers import open_verifier
@@ -59,7 +59,7 @@ def code_files(tmp_path_factory):
   import pyarrow as pa
   import pyarrow.parquet as pq
 
-  from rlvr.tasks import arithmetic
+  from rlvr.data.tasks import arithmetic
 
   train, held = arithmetic.make_splits(64, 8, max_operand=9, seed=3)
   train, held = [[arithmetic.as_program(p) for p in ps] for ps in (train, held)]
@@ -121,7 +121,7 @@ def code_policy(tiny_dirs, tmp_path_factory):
   their inverse pairs (the synthesis task SvS asks for)."""
   from conftest import sft_on_arithmetic
 
-  from rlvr.tasks import arithmetic
+  from rlvr.data.tasks import arithmetic
 
   train, _ = arithmetic.make_splits(300, 0, max_operand=9)
   train = [arithmetic.as_program(p) for p in train]
@@ -135,7 +135,7 @@ def _samples(path):
 
 def test_svs_on_code_paper_config_scaled_down_runs_two_steps(code_policy, code_files, tmp_path):
   from configs import cpu
-  from rlvr import experiment, metrics, runner
+  from rlvr.run import experiment, metrics, runner
 
   experiment.check(cpu.get_config("rlvr_primerl_qwen25_7b"))  # its RLVR baseline resolves
   c = cpu.get_config("svs_primerl_qwen25_7b")
@@ -162,7 +162,7 @@ def test_svs_on_code_paper_config_scaled_down_runs_two_steps(code_policy, code_f
 
 def test_tiny_code_runs_then_evaluates_on_humaneval(code_policy, tmp_path):
   from configs import tiny_code
-  from rlvr import metrics, runner
+  from rlvr.run import metrics, runner
 
   c = tiny_code.get_config()
   c.workdir = str(tmp_path / "tiny_code")

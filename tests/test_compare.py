@@ -11,7 +11,7 @@ import sys
 import pytest
 from PIL import Image
 
-from rlvr import compare
+from rlvr.run import compare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

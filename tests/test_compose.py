@@ -1,4 +1,4 @@
-"""The Composition-RL dataset build (`rlvr.compose_run`, CLI `launch.compose`): plan, resume
+"""The Composition-RL dataset build (`rlvr.methods.composition_build`, CLI `launch.compose`): plan, resume
 bookkeeping, rows, and end-to-end runs against the real vLLM test server (its tiny model's
 garbage is rejected)."""
 
@@ -15,10 +15,11 @@ import time
 import pytest
 from test_composition import Q1, Q2, Q3, generic_assistant
 
-from rlvr import compose_run as cr
-from rlvr.data import read_dataset
+from rlvr.data.readers import read_dataset
+from rlvr.methods import composition_build as cr
 from rlvr.sampling.assistant import Assistant, AssistantError
 from synthesis import composition as comp
+from synthesis import numbers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AIME = os.path.join(REPO, "data", "math_aime_eval.jsonl")
@@ -107,18 +108,18 @@ def test_the_plan_is_fixed_by_the_seed_and_a_larger_n_extends_it():
   assert [p.chain for p in plan] != [p.chain for p in other]
   for p in again:
     assert len(p.chain) == 3 and len({q.id for q in p.chain}) == 3
-    assert all(comp.numbers_in(q.answer) for q in p.chain[:2])  # q1, q2 open a Compose
+    assert all(numbers.numbers_in(q.answer) for q in p.chain[:2])  # q1, q2 open a Compose
   assert len({p.chain[0].id for p in cr.make_plan(problems, None, 2, 200, 5, 0)}) <= 5
   pairs = cr.make_plan(problems[:10], problems[10:20], 2, 8, 20, seed=0)
   assert all(a in problems[:10] and b in problems[10:20] for a, b in (p.chain for p in pairs))
   # The plan's own draws (no per-draw copy of the problem list) equal composition's.
-  openers = [q for q in problems if comp.numbers_in(q.answer)]
+  openers = [q for q in problems if numbers.numbers_in(q.answer)]
   rng = random.Random(0)
   pools = comp.surrogate_pools(openers, 3, 20, rng)
   assert [p.chain for p in again] == [
     tuple(comp.draw_chain(problems, pools, rng)) for _ in range(10)
   ]
-  first = [q for q in problems[:10] if comp.numbers_in(q.answer)]
+  first = [q for q in problems[:10] if numbers.numbers_in(q.answer)]
   assert [p.chain for p in pairs] == comp.cross_domain_pairs(
     first, problems[10:20], 8, random.Random(0)
   )

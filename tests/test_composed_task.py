@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from rlvr.tasks import arithmetic, composed
+from rlvr.data.tasks import arithmetic, composed
 
 STEP = re.compile(r"(?:([A-Z])=)?(\d+)([+\-*])(\d+)=(\d+)\.")  # "X=3+8=11." or "4*2=8."
 RELATION_STEP = re.compile(r"([A-Z])=(\d+)(?:([+\-])(\d+)=(\d+))?\.")  # "Y=11-6=5." or "Y=11."

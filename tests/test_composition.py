@@ -9,6 +9,7 @@ from fractions import Fraction
 import pytest
 
 from synthesis import composition as comp
+from synthesis import numbers
 from synthesis.composition import Problem
 
 Q1 = Problem("How many positive divisors does 12 have?", "6", "a", "math")
@@ -127,8 +128,8 @@ def test_a_variable_name_already_in_a_problem_clashes():
   outputs = dict(GOOD, define=GOOD["define"].replace("X", "n"))
   [out] = comp.compose([(q1, Q2)], scripted(outputs))
   assert (out.stage, out.reason) == ("define", "name clash")
-  assert comp.clashes("n", "does n have") and not comp.clashes("n", "an integer")
-  assert not comp.clashes("X", r"\max(a, b)") and comp.clashes("X", "$X+1$")
+  assert numbers.clashes("n", "does n have") and not numbers.clashes("n", "an integer")
+  assert not numbers.clashes("X", r"\max(a, b)") and numbers.clashes("X", "$X+1$")
 
 
 def test_an_answer_without_a_number_cannot_open_a_composition():
@@ -139,17 +140,17 @@ def test_an_answer_without_a_number_cannot_open_a_composition():
 
 
 def test_numbers_are_parsed_exactly():
-  assert comp.parse_number("1,000") == 1000 and comp.parse_number("$-3.5$") == Fraction(-7, 2)
-  assert comp.parse_number("\\frac{3}{4}") == Fraction(3, 4) == comp.parse_number("3/4")
-  assert comp.parse_number("None") is None and comp.parse_number("x+1") is None
-  assert comp.numbers_in("(2, \\frac{1}{2})") == [2, Fraction(1, 2)]
+  assert numbers.parse_number("1,000") == 1000 and numbers.parse_number("$-3.5$") == Fraction(-7, 2)
+  assert numbers.parse_number("\\frac{3}{4}") == Fraction(3, 4) == numbers.parse_number("3/4")
+  assert numbers.parse_number("None") is None and numbers.parse_number("x+1") is None
+  assert numbers.numbers_in("(2, \\frac{1}{2})") == [2, Fraction(1, 2)]
 
 
 F = Fraction
 
 
 @pytest.mark.parametrize(
-  "text, numbers",
+  "text, expected",
   [
     # a minus between two terms subtracts
     ("2x-7", [2, 7]),
@@ -193,8 +194,8 @@ F = Fraction
     ("1/0 or \\frac{1}{0}", []),
   ],
 )
-def test_numbers_in_reads_each_number_as_written(text, numbers):
-  assert comp.numbers_in(text) == numbers
+def test_numbers_in_reads_each_number_as_written(text, expected):
+  assert numbers.numbers_in(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -223,7 +224,7 @@ def test_numbers_in_reads_each_number_as_written(text, numbers):
   ],
 )
 def test_parse_number_reads_one_whole_number_or_none(text, number):
-  assert comp.parse_number(text) == number
+  assert numbers.parse_number(text) == number
 
 
 def composing_q1_with(answer, v1):
@@ -285,15 +286,17 @@ def generic_assistant(prompts):
     if "Take one number that appears" in p:
       answer = re.search(r"Answer: (.*)", p).group(1)
       avoid = re.search(r"is none of: (.*)\.", p).group(1).split(", ")
-      name = next(n for n in "XZW" if n not in avoid and not comp.clashes(n, p.split("Answer:")[0]))
+      name = next(
+        n for n in "XZW" if n not in avoid and not numbers.clashes(n, p.split("Answer:")[0])
+      )
       out.append(
-        f"<variable>{name}</variable><value>{comp.numbers_in(answer)[0]}</value>"
+        f"<variable>{name}</variable><value>{numbers.numbers_in(answer)[0]}</value>"
         f"<definition>Let {name} be the answer to the problem above.</definition>"
       )
     elif "Choose one numeric constant" in p:
       problem = p.split("Problem:\n", 1)[1].split("\n\nChoose", 1)[0]
       taken = re.search(r"and is not (\w+)\.", p).group(1)
-      name = next(n for n in "YVU" if n != taken and not comp.clashes(n, problem))
+      name = next(n for n in "YVU" if n != taken and not numbers.clashes(n, problem))
       number = re.search(r"(?<![A-Za-z])\d+", problem.split("\n\n")[-1]).group(0)
       last = problem.split("\n\n")[-1]
       rewritten = "\n\n".join(problem.split("\n\n")[:-1] + [last.replace(number, name, 1)])
@@ -316,9 +319,9 @@ def generic_assistant(prompts):
       rewritten = p.split("Rewritten problem:\n", 1)[1].split("\n\nIn the rewritten")[0]
       gone = [
         n
-        for n in comp.numbers_in(original)
-        if n not in comp.numbers_in(rewritten)
-        or comp.numbers_in(original).count(n) > comp.numbers_in(rewritten).count(n)
+        for n in numbers.numbers_in(original)
+        if n not in numbers.numbers_in(rewritten)
+        or numbers.numbers_in(original).count(n) > numbers.numbers_in(rewritten).count(n)
       ]
       out.append(f"<value>{gone[0] if gone else 'None'}</value> ({y})")
     else:

@@ -12,9 +12,12 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from rlvr import datasets, evaluation, learner, loop, methods, settings
+from rlvr import learner, methods, rollout
+from rlvr.common import settings
+from rlvr.data import datasets
 from rlvr.methods import qbq as qbq_method
 from rlvr.rewards import RewardConfig
+from rlvr.run import evaluation
 from synthesis import svs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,7 +69,7 @@ def _other_value(ref):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_freezes_and_names_its_method(name):
   c = importlib.import_module(f"configs.{name}").get_config()
-  settings.frozen(loop.RLConfig, c.rl.loop)
+  settings.frozen(rollout.RLConfig, c.rl.loop)
   settings.frozen(learner.LearnerConfig, c.rl.learner)
   settings.frozen(learner.LearnerConfig, c.sft.learner)
   settings.frozen(svs.SvSConfig, c.svs)
@@ -125,14 +128,14 @@ def test_paper_configs_take_verls_mini_batches_and_the_authors_svs_loop():
 
   for mod in (rlvr_dapo17k_qwen25_32b, svs_dapo17k_qwen25_32b):
     c = mod.get_config()
-    rl = settings.frozen(loop.RLConfig, c.rl.loop)
+    rl = settings.frozen(rollout.RLConfig, c.rl.loop)
     assert rl.ppo_mini_batch_size * rl.group_size == 2048 and rl.adv_std_ddof == 1
   assert svs_dapo17k_qwen25_32b.get_config().svs.refill_originals is False
 
 
 def test_unknown_field_is_named():
   with pytest.raises(ValueError, match=r"RLConfig: unknown config fields \['batch'\]"):
-    settings.frozen(loop.RLConfig, {"batch": 3})
+    settings.frozen(rollout.RLConfig, {"batch": 3})
 
 
 def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
@@ -209,7 +212,7 @@ def test_a_bad_flag_is_one_line_naming_the_field_and_the_value(override, line):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_config_passes_the_start_up_checks(name):
-  from rlvr import experiment
+  from rlvr.run import experiment
 
   c = importlib.import_module(f"configs.{name}").get_config()
   if c.sampler.kind == "vllm":  # paper configs take their servers by flag
@@ -260,7 +263,7 @@ def test_every_config_passes_the_start_up_checks(name):
   ],
 )
 def test_a_bad_setting_is_refused_in_one_line_naming_it(override, message):
-  from rlvr import experiment
+  from rlvr.run import experiment
 
   c = _load("tiny_rlvr", f"--config.{override}")
   with pytest.raises(ValueError) as e:
@@ -269,12 +272,12 @@ def test_a_bad_setting_is_refused_in_one_line_naming_it(override, message):
 
 
 def test_a_rerun_with_other_settings_for_a_finished_phase_stops(tmp_path):
-  from rlvr import runner
+  from rlvr.run import workdir
 
   c = _load("tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50")
-  run = runner.setup(c)
-  runner.check_phases(run)  # first run: settings recorded
-  runner.check_phases(runner.setup(c))  # same settings: reused
+  run = workdir.setup(c)
+  workdir.check_phases(run)  # first run: settings recorded
+  workdir.check_phases(workdir.setup(c))  # same settings: reused
   for override, message in (
     (
       "--config.sft.steps=60",
@@ -291,23 +294,23 @@ def test_a_rerun_with_other_settings_for_a_finished_phase_stops(tmp_path):
       "tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50", override
     )
     with pytest.raises(ValueError) as e:
-      runner.check_phases(runner.setup(changed))
+      workdir.check_phases(workdir.setup(changed))
     assert str(e.value).startswith(message), str(e.value)
 
 
 def test_a_record_without_a_newer_field_resumes_at_its_default(tmp_path):
   """progress.json written before a setting existed: the field ran at its default, so a rerun
   at the default reuses the phase and one that asks for another value stops."""
-  from rlvr import runner
+  from rlvr.run import workdir
 
   c = _load("tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50")
-  run = runner.setup(c)
-  runner.check_phases(run)
+  run = workdir.setup(c)
+  workdir.check_phases(run)
   progress = json.loads((tmp_path / "progress.json").read_text())
   for phase in progress["settings"].values():
     del phase["data.chat_template"]
   (tmp_path / "progress.json").write_text(json.dumps(progress))
-  runner.check_phases(runner.setup(c))  # the default: reused, and now recorded
+  workdir.check_phases(workdir.setup(c))  # the default: reused, and now recorded
   recorded = json.loads((tmp_path / "progress.json").read_text())["settings"]["sft"]
   assert recorded["data.chat_template"] == ""
   other = _load(
@@ -317,11 +320,11 @@ def test_a_record_without_a_newer_field_resumes_at_its_default(tmp_path):
     "--config.data.chat_template=none",
   )
   with pytest.raises(ValueError, match="^data.chat_template: the sft phase"):
-    runner.check_phases(runner.setup(other))
+    workdir.check_phases(workdir.setup(other))
 
 
 def test_batches_the_mesh_does_not_split_are_refused():
-  from rlvr import experiment
+  from rlvr.run import experiment
 
   checked = experiment.check(_load("tiny_rlvr"))  # 16 prompts x 8, SFT batches of 32
   experiment.check_mesh(checked, {"data": 2, "fsdp": 4, "tensor": 1})

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 from tiny_run import RAW_PROMPTS_RUN
 
-from rlvr import chat_templates, data, datasets, loop, settings
+from rlvr import rollout
+from rlvr.common import settings
+from rlvr.data import chat_templates, datasets, prompts
 from rlvr.rewards import RewardConfig
 from rlvr.rewards.verifiers import FunctionVerifier, open_verifier
 
@@ -189,15 +191,15 @@ def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
       env.score(texts[:3], golds[:3], PROBLEMS[:3])
       return [], {}
 
-  env = loop.StepEnv(
+  env = rollout.StepEnv(
     None,
     _verifier("some_not_numbers").score,
-    rl=loop.RLConfig(),
+    rl=rollout.RLConfig(),
     pad_id=0,
     encode=list,
     encode_task=list,
   )
-  m = loop.build_buffer(Scoring(), env, step=0, version=0).metrics
+  m = rollout.build_buffer(Scoring(), env, step=0, version=0).metrics
   assert m["verdict_fn_not_finite"] == 5 and m["verdict_fn_wrong_length"] == 3
   assert m["verdict_scored"] == 3 and m["verdict_fn_raised"] == 0
 
@@ -257,12 +259,12 @@ def tokenizer(tmp_path_factory):
 
 def test_prompts_render_in_the_chosen_template(tokenizer, tmp_path):
   problem = "Compute 12+7*3."
-  own = tokenizer.decode(data.format_prompt(tokenizer, problem, ""))
+  own = tokenizer.decode(prompts.format_prompt(tokenizer, problem, ""))
   assert own == "<|im_start|>user\nCompute 12+7*3.<|im_end|>\n<|im_start|>assistant\n"
-  assert data.format_prompt(tokenizer, problem, "", "tokenizer") == data.format_prompt(
+  assert prompts.format_prompt(tokenizer, problem, "", "tokenizer") == prompts.format_prompt(
     tokenizer, problem, ""
   )
-  raw = data.format_prompt(tokenizer, problem, "Be brief.", "none")
+  raw = prompts.format_prompt(tokenizer, problem, "Be brief.", "none")
   assert raw == tokenizer("Compute 12+7*3.\n\nBe brief.")["input_ids"]
   assert tokenizer.decode(raw) == "Compute 12+7*3.\n\nBe brief."
 
@@ -271,22 +273,22 @@ def test_prompts_render_in_the_chosen_template(tokenizer, tmp_path):
     "{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
   )
-  mine = tokenizer.decode(data.format_prompt(tokenizer, problem, "", str(jinja)))
+  mine = tokenizer.decode(prompts.format_prompt(tokenizer, problem, "", str(jinja)))
   assert mine == "USER: Compute 12+7*3.\nASSISTANT:"
 
   tokenizer.chat_template, kept = None, tokenizer.chat_template  # a base model's tokenizer
   try:
-    chatml = tokenizer.decode(data.format_prompt(tokenizer, problem, "", "chatml"))
+    chatml = tokenizer.decode(prompts.format_prompt(tokenizer, problem, "", "chatml"))
     assert chatml == own
     with pytest.raises(ValueError, match=r"^data.chat_template: the tokenizer has no chat "):
-      data.format_prompt(tokenizer, problem, "")
+      prompts.format_prompt(tokenizer, problem, "")
   finally:
     tokenizer.chat_template = kept
 
   broken = tmp_path / "broken.jinja"
   broken.write_text("{% for m in messages %}{{ m['content'] }")
   with pytest.raises(ValueError, match=r"^data.chat_template: '.*broken.jinja' does not render: "):
-    data.format_prompt(tokenizer, problem, "", str(broken))
+    prompts.format_prompt(tokenizer, problem, "", str(broken))
 
 
 def test_a_bad_chat_template_setting_is_one_line_naming_the_field(tmp_path):
@@ -351,9 +353,9 @@ def test_launch_train_with_a_user_reward_on_raw_prompts(tmp_path):
   calls = [json.loads(line) for line in calls_path.read_text().splitlines()]
   # eval before RL (2 problems x 2), the step's rollout (2 x 4), eval after RL
   assert [len(responses) for responses, *_ in calls] == [4, 8, 4]
-  for _, answers, prompts, _ in calls:
-    assert prompts and all(answer[p] == a for p, a in zip(prompts, answers))  # raw problems
-    assert len(set(prompts[:2])) == 1  # a group's responses share their problem
+  for _, answers, problems, _ in calls:
+    assert problems and all(answer[p] == a for p, a in zip(problems, answers))  # raw problems
+    assert len(set(problems[:2])) == 1  # a group's responses share their problem
   heldout = {e.problem for e in run_data.evals["heldout"]}
   assert set(calls[0][2]) == set(calls[2][2]) == heldout
 

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr import data
-from rlvr.data import DatasetError, DataStream, read_dataset
+from rlvr.data import prompts
+from rlvr.data.readers import DatasetError, read_dataset
+from rlvr.data.stream import DataStream
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_DATA = os.path.join(REPO_ROOT, "tests", "data")  # slices of the public sets (README there)
@@ -42,7 +43,7 @@ def jsonl_file(tmp_path):
 
 
 def test_jsonl_skips_and_reports_bad_rows_by_index(jsonl_file, caplog):
-  with caplog.at_level(logging.WARNING, logger="rlvr.data"):
+  with caplog.at_level(logging.WARNING, logger="rlvr.data.readers"):
     ds = read_dataset(jsonl_file)
   assert [(e.problem, e.answer, e.index) for e in ds] == [
     ("What is 2+2?", "4", 0),
@@ -84,7 +85,7 @@ def test_all_bad_rows_raise_with_path_count_and_reasons(tmp_path):
 
 
 def test_non_finite_answers_and_bytes_that_are_not_utf8_are_bad_rows(tmp_path, caplog):
-  from rlvr import datasets
+  from rlvr.data import datasets
 
   lines = [
     b'{"problem": "p0", "answer": "4"}',
@@ -97,7 +98,7 @@ def test_non_finite_answers_and_bytes_that_are_not_utf8_are_bad_rows(tmp_path, c
   ]
   path = tmp_path / "bad_bytes.jsonl"
   path.write_bytes(b"\n".join(lines) + b"\n")
-  with caplog.at_level(logging.WARNING, logger="rlvr.data"):
+  with caplog.at_level(logging.WARNING, logger="rlvr.data.readers"):
     ds = read_dataset(str(path))
   assert [(e.problem, e.answer, e.index) for e in ds] == [("p0", "4", 0), ("café p6", "2.5", 6)]
   assert ds.bad_rows == (
@@ -252,13 +253,13 @@ def tokenizer(tmp_path_factory):
 
 
 def test_format_prompt_ends_with_generation_header(tokenizer):
-  ids = data.format_prompt(tokenizer, "Compute 12+7*3.")
+  ids = prompts.format_prompt(tokenizer, "Compute 12+7*3.")
   assert isinstance(ids, list) and all(type(t) is int for t in ids)
   text = tokenizer.decode(ids)
   assert text.endswith("<|im_start|>assistant\n")
   assert text.startswith("<|im_start|>user\nCompute 12+7*3.\n\n")
-  assert data.DEFAULT_INSTRUCTION in text and "\\boxed{" in data.DEFAULT_INSTRUCTION
-  bare = tokenizer.decode(data.format_prompt(tokenizer, "Compute 12+7*3.", instruction=""))
+  assert prompts.DEFAULT_INSTRUCTION in text and "\\boxed{" in prompts.DEFAULT_INSTRUCTION
+  bare = tokenizer.decode(prompts.format_prompt(tokenizer, "Compute 12+7*3.", instruction=""))
   assert bare == "<|im_start|>user\nCompute 12+7*3.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -301,7 +302,7 @@ def test_stream_validation():
 
 def test_settings_the_data_kind_ignores_are_errors_naming_both_fields():
   from configs import base, tiny_rlvr
-  from rlvr import datasets
+  from rlvr.data import datasets
 
   c = tiny_rlvr.get_config()
   c.data.train_path = "/tmp/nope.jsonl"

@@ -9,8 +9,9 @@ import pytest
 from rules import even_length
 from transformers import AutoTokenizer
 
-from rlvr import evaluation, model
-from rlvr.loop import Prompt
+from rlvr import model
+from rlvr.rollout import Prompt
+from rlvr.run import evaluation
 from rlvr.sampling import JaxSampler
 
 

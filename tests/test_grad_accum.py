@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr import checkpoint, learner, model, sharding
+from rlvr import learner, model
 from rlvr.model import grad_accum, moe
+from rlvr.parallel import sharding
+from rlvr.run import checkpoint
 
 
 def test_scan_returns_the_sum_plus_the_gradient():
@@ -76,7 +78,7 @@ def test_moe_token_chunks_equal_one_pass():
   "field, value", [("scan_layers", False), ("remat_policy", "dots"), ("lora", "rank 4")]
 )
 def test_accumulating_in_backward_refuses_what_it_cannot_do(field, value):
-  from rlvr.lora import LoraConfig
+  from rlvr.learner.lora import LoraConfig
 
   value = LoraConfig(rank=4) if field == "lora" else value
   with pytest.raises(ValueError, match=f"accumulate_in_backward: .*{field.split('_')[0]}"):

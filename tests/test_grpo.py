@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr import grpo
+from rlvr import objectives
 
 
 # ------------------------------------------------------------- numpy reference
@@ -62,7 +62,7 @@ def test_advantages_match_numpy_with_zero_variance_groups():
   r[2] = 0.7  # constant non-binary group: std 0 (fp noise must not leak through)
   r[3] = rng.rand(8)  # continuous rewards
   for norm in (True, False):
-    ours = np.asarray(grpo.group_advantages(jnp.asarray(r), normalize_std=norm))
+    ours = np.asarray(objectives.group_advantages(jnp.asarray(r), normalize_std=norm))
     np.testing.assert_allclose(ours, np_advantages(r, norm), rtol=1e-5, atol=1e-6)
     assert (ours[:3] == 0).all()
 
@@ -77,7 +77,7 @@ def test_advantages_use_the_unbiased_std_like_verl_and_trl(n):
   r[2, 0] = 1.0  # one right of n
   r[3] = rng.rand(n)  # continuous rewards
   for ddof in (1, 0):
-    ours = np.asarray(grpo.group_advantages(jnp.asarray(r), ddof=ddof))
+    ours = np.asarray(objectives.group_advantages(jnp.asarray(r), ddof=ddof))
     want = np.zeros((6, n))
     for g in range(6):
       if np.ptp(r[g]) > 0:
@@ -85,17 +85,17 @@ def test_advantages_use_the_unbiased_std_like_verl_and_trl(n):
     np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-6)
     assert (ours[:2] == 0).all()
   # one right of two: unbiased std is 1/sqrt(2), population std 1/2
-  two = np.asarray(grpo.group_advantages(jnp.asarray([[1.0, 0.0]])))
+  two = np.asarray(objectives.group_advantages(jnp.asarray([[1.0, 0.0]])))
   np.testing.assert_allclose(
     two, [[0.5 / (np.sqrt(0.5) + 1e-6), -0.5 / (np.sqrt(0.5) + 1e-6)]], rtol=1e-6
   )
 
 
-@pytest.mark.parametrize("agg", grpo.AGGREGATIONS)
+@pytest.mark.parametrize("agg", objectives.AGGREGATIONS)
 @pytest.mark.parametrize("dual", [None, 3.0])
 def test_policy_loss_matches_numpy(agg, dual):
   logp, old, adv, mask = _inputs()
-  loss, aux = grpo.policy_loss(
+  loss, aux = objectives.policy_loss(
     jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), 0.2, 0.28, dual, agg
   )
   ref = np_policy_loss(logp, old, adv, mask, 0.2, 0.28, dual, agg)
@@ -117,22 +117,22 @@ def test_dual_clip_changes_loss_for_negative_advantages():
   logp, old, adv, mask = _inputs(seed=2)
   logp = old + 2.0  # ratio e^2 > 3: dual clip is active where A < 0
   args = [jnp.asarray(x) for x in (logp, old, adv, mask)]
-  with_dual, aux = grpo.policy_loss(*args, dual_clip=3.0)
-  without, _ = grpo.policy_loss(*args, dual_clip=None)
+  with_dual, aux = objectives.policy_loss(*args, dual_clip=3.0)
+  without, _ = objectives.policy_loss(*args, dual_clip=None)
   assert float(with_dual) < float(without)
   assert float(aux["dual_clip_frac"]) > 0
 
 
 def test_global_normalizer_makes_micro_batch_losses_add_up():
   logp, old, adv, mask = _inputs(seed=3)
-  for agg in grpo.AGGREGATIONS:
-    full, _ = grpo.policy_loss(
+  for agg in objectives.AGGREGATIONS:
+    full, _ = objectives.policy_loss(
       jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), aggregation=agg
     )
-    n = grpo.loss_normalizer(jnp.asarray(mask), agg)
+    n = objectives.loss_normalizer(jnp.asarray(mask), agg)
     parts = sum(
       float(
-        grpo.policy_loss(
+        objectives.policy_loss(
           jnp.asarray(logp[s]),
           jnp.asarray(old[s]),
           jnp.asarray(adv[s]),
@@ -149,8 +149,8 @@ def test_global_normalizer_makes_micro_batch_losses_add_up():
 def test_kl_estimators():
   rng = np.random.RandomState(4)
   logp, ref = -rng.rand(3, 5), -rng.rand(3, 5)
-  k1 = np.asarray(grpo.kl_penalty(jnp.asarray(logp), jnp.asarray(ref), "k1"))
-  k3 = np.asarray(grpo.kl_penalty(jnp.asarray(logp), jnp.asarray(ref), "k3"))
+  k1 = np.asarray(objectives.kl_penalty(jnp.asarray(logp), jnp.asarray(ref), "k1"))
+  k3 = np.asarray(objectives.kl_penalty(jnp.asarray(logp), jnp.asarray(ref), "k3"))
   np.testing.assert_allclose(k1, logp - ref, rtol=1e-6)
   np.testing.assert_allclose(k3, np.exp(ref - logp) - (ref - logp) - 1, rtol=1e-5, atol=1e-6)
   assert (k3 >= 0).all()
@@ -166,8 +166,10 @@ def test_entropy_and_chunked_logprobs_match_dense():
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
   ent_ref = -(p * np.log(p)).sum(-1)
-  np.testing.assert_allclose(grpo.entropy_from_logits(jnp.asarray(logits)), ent_ref, rtol=1e-4)
-  logp, ent = grpo.token_logprobs_and_entropy(hidden, head, tokens, chunk=4)  # 12 = 3 chunks
+  np.testing.assert_allclose(
+    objectives.entropy_from_logits(jnp.asarray(logits)), ent_ref, rtol=1e-4
+  )
+  logp, ent = objectives.token_logprobs_and_entropy(hidden, head, tokens, chunk=4)  # 12 = 3 chunks
   logp_ref = np.log(p[:, :-1])[
     np.arange(b)[:, None], np.arange(t - 1)[None], np.asarray(tokens)[:, 1:]
   ]
@@ -175,7 +177,7 @@ def test_entropy_and_chunked_logprobs_match_dense():
   np.testing.assert_allclose(np.asarray(ent)[:, 1:], ent_ref[:, :-1], rtol=1e-4)
   assert (np.asarray(logp)[:, 0] == 0).all()
   # gradients through the rematerialised chunks equal dense gradients
-  g = jax.grad(lambda h: grpo.token_logprobs_and_entropy(h, head, tokens, 5)[0].sum())(hidden)
+  g = jax.grad(lambda h: objectives.token_logprobs_and_entropy(h, head, tokens, 5)[0].sum())(hidden)
 
   def dense(h):
     z = jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h, head), -1)[:, :-1]
@@ -188,7 +190,7 @@ def test_truncated_is_weight():
   old = jnp.asarray([[0.0, -1.0, -2.0]])
   sampler = jnp.asarray([[0.0, -2.0, -0.5]])
   mask = jnp.ones((1, 3))
-  w, m = grpo.truncated_is_weight(old, sampler, mask, cap=2.0)
+  w, m = objectives.truncated_is_weight(old, sampler, mask, cap=2.0)
   np.testing.assert_allclose(w, [[1.0, 2.0, np.exp(-1.5)]], rtol=1e-6)
   np.testing.assert_allclose(float(m["mismatch_abs"]), (0 + 1 + 1.5) / 3, rtol=1e-6)
   np.testing.assert_allclose(float(m["is_capped_frac"]), 1 / 3, rtol=1e-6)
@@ -196,4 +198,4 @@ def test_truncated_is_weight():
 
 def test_bad_aggregation_is_named():
   with pytest.raises(ValueError, match="aggregation.*'sum'"):
-    grpo.aggregate(jnp.ones((2, 2)), jnp.ones((2, 2)), "sum")
+    objectives.aggregate(jnp.ones((2, 2)), jnp.ones((2, 2)), "sum")

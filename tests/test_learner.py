@@ -12,7 +12,9 @@ import learner_worker as worker
 import numpy as np
 import pytest
 
-from rlvr import checkpoint, learner, model, sharding
+from rlvr import learner, model
+from rlvr.parallel import sharding
+from rlvr.run import checkpoint
 
 WORKER = os.path.join(os.path.dirname(__file__), "learner_worker.py")
 

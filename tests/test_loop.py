@@ -20,8 +20,10 @@ import run_output
 from rules import even_length
 from transformers import AutoTokenizer
 
-from rlvr import loop, model, packing, runner
+from rlvr import model, rollout
+from rlvr.learner import packing
 from rlvr.methods import plain
+from rlvr.run import runner
 from rlvr.sampling import JaxSampler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,10 +41,10 @@ def tiny(tiny_dirs):
   return cfg, params, tok
 
 
-RL = loop.RLConfig(
+RL = rollout.RLConfig(
   prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8, max_extra_rounds=2
 )
-PROMPTS = [loop.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
+PROMPTS = [rollout.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
 
 
 def _draw():
@@ -58,7 +60,7 @@ def _draw():
 
 def _env(sampler, tok, score_fn):
   enc = lambda text: tok.encode(text)
-  return loop.StepEnv(
+  return rollout.StepEnv(
     sampler, score_fn, rl=RL, pad_id=tok.pad_token_id, encode=enc, encode_task=enc
   )
 
@@ -67,7 +69,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   cfg, params, tok = tiny
   sampler = JaxSampler(cfg, params, tok)
   draw, state = _draw()
-  kept, sampled, rounds = loop.gather_groups(_env(sampler, tok, even_length), draw, step=0)
+  kept, sampled, rounds = rollout.gather_groups(_env(sampler, tok, even_length), draw, step=0)
   assert len(kept) == RL.prompts_per_step
   assert all(g.mixed for g in kept)
   assert len(sampled) == state["i"] >= len(kept)
@@ -88,8 +90,8 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
 def test_all_solved_data_ends_with_a_clear_message(tiny):
   cfg, params, tok = tiny
   draw, state = _draw()
-  with pytest.raises(loop.NoSignalError) as e:
-    loop.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_right), draw, step=0)
+  with pytest.raises(rollout.NoSignalError) as e:
+    rollout.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_right), draw, step=0)
   assert str(e.value) == (
     "step 0: no group with mixed rewards in 20 prompts over 3 rounds (solve_all 100%, "
     "solve_none 0%); the problems are too easy for the policy: give harder ones; or raise "
@@ -103,8 +105,8 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
     r = np.zeros(len(texts), np.float32)
     return r, r > 0
 
-  with pytest.raises(loop.NoSignalError) as e:
-    loop.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_wrong), _draw()[0], step=0)
+  with pytest.raises(rollout.NoSignalError) as e:
+    rollout.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_wrong), _draw()[0], step=0)
   fix = (
     "the problems are too hard for the policy: warm-start it with SFT (sft.steps > 0, on "
     "worked solutions) or start from a trained checkpoint (model.path)"
@@ -124,7 +126,7 @@ def test_one_step_with_jax_sampler_updates_and_syncs(tiny, one_device_learner):
   cfg, params, tok = tiny
   state, update, to_batch = one_device_learner(cfg, params, 1e-3)
   sampler = JaxSampler(cfg, params, tok)
-  state, m = loop.rl_step(
+  state, m = rollout.rl_step(
     state, update, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0, to_batch
   )
   assert int(state.step) == 1 and sampler.version == 1
@@ -169,7 +171,7 @@ def test_one_step_with_vllm_sampler_syncs_weights(
     sync_dir=str(tmp_path / "sync"),
   )
   try:
-    state, m = loop.rl_step(
+    state, m = rollout.rl_step(
       state, update, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0, to_batch
     )
     assert sampler.version == 1 and m["groups_kept"] == 4

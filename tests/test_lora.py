@@ -1,4 +1,4 @@
-"""LoRA (rlvr.lora): fresh adapters are a no-op, the merge is the unmerged LoRA
+"""LoRA (rlvr.learner.lora): fresh adapters are a no-op, the merge is the unmerged LoRA
 layer of transformers' model, training moves only the adapters, and the merged
 export (and an SFT run, resumed) loads in transformers."""
 
@@ -18,8 +18,13 @@ from flax import traverse_util
 from test_model import _tokens, _torch_logits
 from transformers import AutoModelForCausalLM
 
-from rlvr import checkpoint, learner, lora, model, settings, sharding
-from rlvr.lora import LoraConfig
+from rlvr import learner, model
+from rlvr.common import settings
+from rlvr.learner import lora
+from rlvr.learner import state as learner_state
+from rlvr.learner.lora import LoraConfig
+from rlvr.parallel import sharding
+from rlvr.run import checkpoint
 
 HF_MODULE = {
   "q_kernel": "self_attn.q_proj",
@@ -225,7 +230,7 @@ def test_training_moves_only_the_adapters(trained):
     lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), state.base, params
   )  # base bit-identical
   fresh = lora.init_adapters(
-    params, lc.lora, jax.random.fold_in(jax.random.PRNGKey(0), learner._LORA_INIT)
+    params, lc.lora, jax.random.fold_in(jax.random.PRNGKey(0), learner_state.LORA_INIT)
   )
   for (path, x), y in zip(
     jax.tree_util.tree_leaves_with_path(state.params), jax.tree.leaves(fresh)
@@ -283,8 +288,8 @@ def test_merged_export_loads_in_transformers(trained, tmp_path):
 def test_lora_sft_resumes_and_exports_merged(tiny_dirs, tmp_path, capsys):
   """train_sft with sft.learner.lora: a checkpoint mid-way (adapters + base), a
   rerun resumes from it to the same merged model, which transformers loads."""
-  from rlvr.sft import train_sft
-  from rlvr.tasks import arithmetic
+  from rlvr.data.tasks import arithmetic
+  from rlvr.run.sft import train_sft
 
   train, _ = arithmetic.make_splits(16, 0, max_operand=9)
   pairs = [(p.problem, p.solution) for p in train]

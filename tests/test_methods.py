@@ -1,4 +1,4 @@
-"""The methods seam: plain GRPO, SvS and Composition-RL through `loop.rl_step` (exact
+"""The methods seam: plain GRPO, SvS and Composition-RL through `rollout.rl_step` (exact
 repeats, SvS's bookkeeping, the depth curriculum), and a method defined outside the
 library runs through the runner and resumes with its own state."""
 
@@ -12,8 +12,8 @@ import pytest
 from rules import even_length
 from transformers import AutoTokenizer
 
-from rlvr import loop, methods, model
-from rlvr.data import format_prompt
+from rlvr import methods, model, rollout
+from rlvr.data.prompts import format_prompt
 from rlvr.methods import composition, plain
 from rlvr.methods import svs as svs_method
 from rlvr.sampling import JaxSampler
@@ -47,7 +47,7 @@ def run_steps(make_learner, model_dir, method, rl, score_fn, steps=3, lr=1e-3, a
   tok = AutoTokenizer.from_pretrained(model_dir)
   state, update, to_batch = make_learner(cfg, params, lr)
   enc = lambda text: format_prompt(tok, text, "")
-  env = loop.StepEnv(
+  env = rollout.StepEnv(
     JaxSampler(cfg, params, tok),
     score_fn,
     rl=rl,
@@ -58,7 +58,7 @@ def run_steps(make_learner, model_dir, method, rl, score_fn, steps=3, lr=1e-3, a
   )
   rows = []
   for step in range(steps):
-    state, m = loop.rl_step(state, update, method, env, step, to_batch)
+    state, m = rollout.rl_step(state, update, method, env, step, to_batch)
     rows.append(m)
   return rows
 
@@ -70,13 +70,13 @@ def _untimed(rows):
 
 
 def _prompts(n, length):
-  return [loop.Prompt(tuple(range(5 + i, 5 + i + length)), "0") for i in range(n)]
+  return [rollout.Prompt(tuple(range(5 + i, 5 + i + length)), "0") for i in range(n)]
 
 
 def test_plain_grpo_steps_repeat_exactly(tiny_dirs, one_device_learner):
   """Same seed, same machine: the same metrics to the last bit (what exact resume relies on);
   every step updates, on the groups that dynamic sampling kept."""
-  rl = loop.RLConfig(
+  rl = rollout.RLConfig(
     prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8, max_extra_rounds=2
   )
   runs = []
@@ -96,7 +96,7 @@ def test_plain_grpo_steps_repeat_exactly(tiny_dirs, one_device_learner):
 def test_svs_step_counts_add_up(tiny_dirs, one_device_learner):
   """SvS's bookkeeping on a random policy: every synthesis is accepted or rejected for one
   named reason; type-2 groups come from correct solutions, type-3 from parsed problems."""
-  rl = loop.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=256, max_response_len=12)
+  rl = rollout.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=256, max_response_len=12)
   method = svs_method.SvS(
     _prompts(64, 4),
     0,
@@ -117,16 +117,16 @@ def test_svs_step_counts_add_up(tiny_dirs, one_device_learner):
 
 def test_svs_on_a_policy_that_synthesizes(arithmetic_policy, arithmetic_score, one_device_learner):
   """All three data types (the SFT'd arithmetic policy, real math-verify) in one step."""
-  from rlvr.tasks import arithmetic
+  from rlvr.data.tasks import arithmetic
 
   policy_dir, problems = arithmetic_policy
   tok = AutoTokenizer.from_pretrained(policy_dir)
   enc = lambda text: format_prompt(tok, text, "")
-  rl = loop.RLConfig(
+  rl = rollout.RLConfig(
     prompts_per_step=16, group_size=8, max_prompt_len=64, max_response_len=40, seed=3
   )  # 16 originals a round leave each data type ten or more groups
   method = svs_method.SvS(
-    [loop.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems],
+    [rollout.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems],
     0,
     svs.SvSConfig(syntheses_per_solution=8),
     template=arithmetic.INVERSE_TEMPLATE,
@@ -160,13 +160,13 @@ def test_composition_trains_depth_by_depth_and_resumes_at_the_same_depth(
     return even_length(texts, golds)
 
   train = [
-    loop.Prompt(tuple(range(5 + i, 8 + i)), f"d{d}", source=f"composed-d{d}")
+    rollout.Prompt(tuple(range(5 + i, 8 + i)), f"d{d}", source=f"composed-d{d}")
     for d in (1, 2)
     for i in range(0, 60, 3)
   ]
   cur = CurriculumConfig(depths=(1, 2), max_steps=2)
   method = composition.Composition(train, cur, seed=0)
-  rl = loop.RLConfig(
+  rl = rollout.RLConfig(
     prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8, max_extra_rounds=3
   )
   rows = run_steps(one_device_learner, tiny_dirs["qwen2"], method, rl, score)

@@ -12,10 +12,12 @@ import pytest
 from rules import even_length
 from transformers import AutoTokenizer
 
-from rlvr import learner, loop, model, packing, ppo
+from rlvr import learner, model
+from rlvr.learner import packing, ppo
+from rlvr.rollout import Prompt, RLConfig, StepEnv, gather_groups
 from rlvr.sampling import JaxSampler
 
-RL = loop.RLConfig(prompts_per_step=8, group_size=4, max_prompt_len=8, max_response_len=8)
+RL = RLConfig(prompts_per_step=8, group_size=4, max_prompt_len=8, max_response_len=8)
 LR = 3e-2  # large, so that later mini-batches move the ratio past the clip range
 
 
@@ -24,7 +26,7 @@ def rollout(tiny_dirs):
   """Eight mixed groups sampled from the tiny model, and what the learner needs."""
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
-  env = loop.StepEnv(
+  env = StepEnv(
     JaxSampler(cfg, params, tok),
     even_length,
     rl=RL,
@@ -32,9 +34,9 @@ def rollout(tiny_dirs):
     encode=tok.encode,
     encode_task=tok.encode,
   )
-  prompts = [loop.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
+  prompts = [Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
   it = iter(prompts)
-  kept, _, _ = loop.gather_groups(env, lambda k: [next(it) for _ in range(k)], step=0)
+  kept, _, _ = gather_groups(env, lambda k: [next(it) for _ in range(k)], step=0)
   assert len(kept) == RL.prompts_per_step
   return cfg, params, tok.pad_token_id, kept
 

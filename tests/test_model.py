@@ -449,14 +449,14 @@ def test_low_precision_matmul_and_grads_match_float64(shape):
   """bf16 on CPU goes through `lowp.matmul` (f32 accumulation, backward dots
   re-laid out, x^T kept as the residual): values and both gradients equal the float64
   products of the same bf16 inputs to bf16 rounding, and the f32 path is untouched."""
-  from rlvr.model import decoder
+  from rlvr.model import layers
 
   n, d, f = shape
   rng = np.random.RandomState(0)
   x = jnp.asarray(rng.randn(2, n // 2, d), jnp.bfloat16)  # n rows in two batches
   w = jnp.asarray(rng.randn(d, f) / np.sqrt(d), jnp.bfloat16)
   g = jnp.asarray(rng.randn(*x.shape[:-1], f), jnp.bfloat16)
-  y, vjp = jax.vjp(decoder.dense, x, w)
+  y, vjp = jax.vjp(layers.dense, x, w)
   dx, dw = vjp(g)
   assert y.dtype == dx.dtype == dw.dtype == jnp.bfloat16
   x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
@@ -469,9 +469,7 @@ def test_low_precision_matmul_and_grads_match_float64(shape):
     )
   # The same call in f32 is a plain matmul, bit for bit.
   x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
-  np.testing.assert_array_equal(
-    decoder.dense(x32, w32), (x32.reshape(-1, d) @ w32).reshape(y.shape)
-  )
+  np.testing.assert_array_equal(layers.dense(x32, w32), (x32.reshape(-1, d) @ w32).reshape(y.shape))
 
 
 def test_logits_matmul_keeps_f32_logits_and_rounds_only_the_gradient():

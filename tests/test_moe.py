@@ -14,8 +14,9 @@ import torch
 from jax.sharding import PartitionSpec as P
 from transformers import AutoModelForCausalLM
 
-from rlvr import model, sharding
+from rlvr import model
 from rlvr.model import hf_io, moe, safetensors_io
+from rlvr.parallel import sharding
 
 # Two odd shapes: every layer sparse (one "layers" stack, tied, normalised top-k), and
 # dense layers among sparse ones (three stacks, untied, raw top-k probabilities, GQA 4:1).
@@ -406,7 +407,8 @@ def test_routing_replay_from_the_jax_sampler(moe_dirs, one_device):
   rl.learner.routing_replay it uses the sampler's experts: the mismatch is 0."""
   from transformers import AutoTokenizer
 
-  from rlvr import learner, loop, packing
+  from rlvr import learner, rollout
+  from rlvr.learner import packing
   from rlvr.sampling import JaxSampler, SamplingParams
 
   cfg, params, _ = one_device
@@ -427,9 +429,11 @@ def test_routing_replay_from_the_jax_sampler(moe_dirs, one_device):
     assert c.routes.shape == (len(seq), s, k) and (c.routes[-1] == -1).all()
     full = np.swapaxes(full_all[:, i, : len(seq)], 0, 1)  # [T, S, k]
     np.testing.assert_array_equal(np.sort(c.routes[:-1], -1), np.sort(full[:-1], -1))
-  rl = loop.RLConfig(prompts_per_step=3, group_size=2, max_prompt_len=8, max_response_len=8)
+  rl = rollout.RLConfig(prompts_per_step=3, group_size=2, max_prompt_len=8, max_response_len=8)
   groups = [
-    loop.Group(loop.Prompt(tuple(p), "0"), g, np.array([0.0, 1.0], np.float32), np.ones(2, bool))
+    rollout.Group(
+      rollout.Prompt(tuple(p), "0"), g, np.array([0.0, 1.0], np.float32), np.ones(2, bool)
+    )
     for p, g in zip(prompts, outs)
   ]
   arrays = packing.build_batch(groups, rl, tok.pad_token_id)

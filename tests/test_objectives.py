@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr import grpo, learner, loop
+from rlvr import learner, objectives, rollout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EL, EH = 0.2, 0.28
@@ -76,7 +76,7 @@ def np_loss_and_grad(name, logp, old, adv, mask, agg):
 def test_policy_losses_match_their_equations(name, agg):
   logp, old, adv, mask = _inputs()
   want, want_grad = np_loss_and_grad(name, logp, old, adv, mask, agg)
-  f = lambda lp: grpo.policy_loss(
+  f = lambda lp: objectives.policy_loss(
     lp, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), EL, EH, 3.0, agg, loss=name
   )
   (loss, aux), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
@@ -94,7 +94,7 @@ def test_gspo_variants_share_the_value_and_the_sequence_gradient():
   mean aggregation, its gradient; the paper's claim, here on the code."""
   logp, old, adv, mask = _inputs(seed=1)
   f = lambda name: jax.value_and_grad(
-    lambda lp: grpo.policy_loss(
+    lambda lp: objectives.policy_loss(
       lp,
       jnp.asarray(old),
       jnp.asarray(adv),
@@ -114,8 +114,8 @@ def test_gspo_variants_share_the_value_and_the_sequence_gradient():
 def test_grpo_entry_is_the_clipped_surrogate():
   logp, old, adv, mask = (jnp.asarray(x) for x in _inputs(seed=2))
   for dual in (None, 3.0):
-    a = grpo.policy_loss(logp, old, adv, mask, EL, EH, dual)
-    b = grpo.policy_loss(logp, old, adv, mask, EL, EH, dual, loss="grpo")
+    a = objectives.policy_loss(logp, old, adv, mask, EL, EH, dual)
+    b = objectives.policy_loss(logp, old, adv, mask, EL, EH, dual, loss="grpo")
     assert float(a[0]) == float(b[0])
 
 
@@ -125,7 +125,7 @@ def _pack_pairs(x_bt):
 
 
 def _value_and_grad(name, agg, logp, old, adv, mask, sequences=None):
-  f = lambda lp: grpo.policy_loss(
+  f = lambda lp: objectives.policy_loss(
     lp,
     jnp.asarray(old),
     jnp.asarray(adv),
@@ -147,7 +147,7 @@ def test_packed_sequences_give_the_per_row_loss_and_gradient(name):
   seq = np.concatenate([np.ones((3, 5), np.int32), np.full((3, 5), 2, np.int32)], axis=1)
   adv_bt = np.broadcast_to(adv[:, None], logp.shape)
   packed = [_pack_pairs(x) for x in (logp, old, adv_bt, mask)]
-  for agg in grpo.AGGREGATIONS:
+  for agg in objectives.AGGREGATIONS:
     want_v, want_g = _value_and_grad(name, agg, logp, old, adv, mask)
     got_v, got_g = _value_and_grad(name, agg, *packed, seq)
     np.testing.assert_allclose(got_v, want_v, rtol=1e-5)
@@ -159,23 +159,23 @@ def test_mismatch_weights_per_token_and_per_sequence():
   sampler = old - np.array([[0.0, 0.2, -0.2, 0.0], [1.5, 1.5, 0.0, 0.0], [0.9, 0.9, 9.0, 9.0]])
   mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]], np.float32)  # row 3: 2 tokens
   args = [jnp.asarray(x, jnp.float32) for x in (old, sampler, mask)]
-  w, m = grpo.truncated_is_weight(*args, cap=2.0)
+  w, m = objectives.truncated_is_weight(*args, cap=2.0)
   np.testing.assert_allclose(np.asarray(w), np.minimum(np.exp(old - sampler), 2.0), rtol=1e-6)
-  w, m = grpo.truncated_is_weight(*args, cap=2.0, level="sequence", mask_cap=5.0)
+  w, m = objectives.truncated_is_weight(*args, cap=2.0, level="sequence", mask_cap=5.0)
   geo = np.exp([0.0, 1.5, 0.9])  # mean log ratio of each sequence over its masked tokens
   want = np.minimum(geo, 2.0)  # every geometric ratio within [1/5, 5]
   np.testing.assert_allclose(np.asarray(w), np.broadcast_to(want[:, None], (3, 4)), rtol=1e-6)
   assert float(m["is_capped_frac"]) == pytest.approx(4 / 7)  # two sequences, 2 + 2 tokens
   assert float(m["seq_masked_frac"]) == 0.0
-  w, m = grpo.truncated_is_weight(*args, cap=None, level="sequence", mask_cap=3.0)
+  w, m = objectives.truncated_is_weight(*args, cap=None, level="sequence", mask_cap=3.0)
   np.testing.assert_allclose(np.asarray(w)[:, 0], [1.0, 0.0, 1.0])  # e^1.5 > 3 > e^0.9
   assert float(m["seq_masked_frac"]) == pytest.approx(1 / 3) and float(m["is_capped_frac"]) == 0
   with pytest.raises(ValueError, match="tis_level"):
-    grpo.truncated_is_weight(*args, level="row")
+    objectives.truncated_is_weight(*args, level="row")
   # packed: rows 0 and 1 side by side in one row, row 2 alone, one empty segment slot
   packed = [np.stack([np.concatenate(x[:2]), np.pad(x[2], (0, 4))]) for x in (old, sampler, mask)]
   seq = np.array([[1, 1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 0, 0, 0, 0]], np.int32)
-  wp, mp = grpo.truncated_is_weight(
+  wp, mp = objectives.truncated_is_weight(
     *(jnp.asarray(x, jnp.float32) for x in packed), None, "sequence", 3.0, jnp.asarray(seq)
   )
   np.testing.assert_allclose(np.asarray(wp)[:, [0, 4]], [[1.0, 0.0], [1.0, 1.0]])  # 1 on padding
@@ -230,27 +230,27 @@ def np_estimator(name, rewards, lengths, ddof=1):
   return out
 
 
-@pytest.mark.parametrize("name", sorted(grpo.ADVANTAGES))
+@pytest.mark.parametrize("name", sorted(objectives.ADVANTAGES))
 def test_advantages_match_their_definitions(name):
   rewards, lengths = _groups()
   for ddof in (1, 0):
-    got = grpo.advantages(name, rewards, lengths, ddof)
+    got = objectives.advantages(name, rewards, lengths, ddof)
     for g, w in zip(got, np_estimator(name, rewards, lengths, ddof)):
       assert g.dtype == np.float32 and g.shape == w.shape
       np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-  got = grpo.advantages(name, rewards, lengths)
+  got = objectives.advantages(name, rewards, lengths)
   if name in ("grpo", "dr_grpo", "rloo"):  # a group of one and constant groups: exactly 0
     assert not got[0].any() and not got[2].any() and not got[4].any()
   if name == "reinforce++_baseline":  # constant groups share one value after whitening
     assert got[2][0] == got[4][0] != 0
   if name == "grpo":  # the group advantages every update has always used, bit for bit
     for r, g in zip(rewards[1:], got[1:]):
-      assert np.array_equal(g, np.asarray(grpo.group_advantages(jnp.asarray(r)[None]))[0])
+      assert np.array_equal(g, np.asarray(objectives.group_advantages(jnp.asarray(r)[None]))[0])
 
 
 def test_buffer_of_equal_rewards_whitens_to_zero():
   for name in ("reinforce++", "reinforce++_baseline"):
-    got = grpo.advantages(name, [np.ones(3, np.float32)] * 2, [np.ones(3)] * 2)
+    got = objectives.advantages(name, [np.ones(3, np.float32)] * 2, [np.ones(3)] * 2)
     assert all(not g.any() for g in got)
 
 
@@ -261,26 +261,26 @@ def shifted_estimator(rewards, lengths, *, ddof):
 
 
 def test_names_select_resolve_and_fail_in_one_line():
-  assert grpo.policy_loss_fn("gspo") is grpo.gspo_loss
-  assert grpo.policy_loss_fn("rlvr.grpo:cispo_loss") is grpo.cispo_loss
+  assert objectives.policy_loss_fn("gspo") is objectives.gspo_loss
+  assert objectives.policy_loss_fn("rlvr.objectives.losses:cispo_loss") is objectives.cispo_loss
   with pytest.raises(ValueError, match=r"^policy_loss: unknown 'ppo'; known: \['cispo', 'grpo'"):
     learner.LearnerConfig(policy_loss="ppo")
   with pytest.raises(ValueError, match=r"^policy_loss: cannot load 'no_such_module:f'"):
     learner.LearnerConfig(policy_loss="no_such_module:f")
   with pytest.raises(ValueError, match=r"^advantage: unknown 'ppo'; known: \['dr_grpo', 'grpo'"):
-    loop.RLConfig(advantage="ppo")
+    rollout.RLConfig(advantage="ppo")
   for field, bad in (("tis_level", "row"), ("seq_mask_cap", 1.0)):
     with pytest.raises(ValueError, match=field):
       learner.LearnerConfig(**{field: bad})
   # normalize_std keeps its meaning: False is Dr.GRPO
-  assert loop.RLConfig().advantage_estimator == "grpo"
-  assert loop.RLConfig(normalize_std=False).advantage_estimator == "dr_grpo"
-  assert loop.RLConfig(advantage="rloo").advantage_estimator == "rloo"
+  assert rollout.RLConfig().advantage_estimator == "grpo"
+  assert rollout.RLConfig(normalize_std=False).advantage_estimator == "dr_grpo"
+  assert rollout.RLConfig(advantage="rloo").advantage_estimator == "rloo"
   with pytest.raises(ValueError, match="normalize_std"):
-    loop.RLConfig(advantage="rloo", normalize_std=False)
+    rollout.RLConfig(advantage="rloo", normalize_std=False)
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   try:
-    got = grpo.advantages("test_objectives:shifted_estimator", [np.ones(2)], [np.ones(2)])
+    got = objectives.advantages("test_objectives:shifted_estimator", [np.ones(2)], [np.ones(2)])
   finally:
     sys.path.pop(0)
   np.testing.assert_array_equal(got[0], [0.5, 0.5])
@@ -289,7 +289,7 @@ def test_names_select_resolve_and_fail_in_one_line():
 def fixed_value_loss(logp_bt, old_logp_bt, advantages, mask_bt, **clip):
   """A user's loss (registered as "test_objectives:fixed_value_loss"): GRPO's gradient,
   but every term's value is 7, so the run's logged pg_loss shows which loss it used."""
-  per_token, ratio = grpo.grpo_loss(logp_bt, old_logp_bt, advantages, mask_bt, **clip)
+  per_token, ratio = objectives.grpo_loss(logp_bt, old_logp_bt, advantages, mask_bt, **clip)
   return per_token - jax.lax.stop_gradient(per_token) + 7.0, ratio
 
 

@@ -21,8 +21,9 @@ from test_loop import PROMPTS, RL, _env
 from test_vllm_sampler import tiny_rlvr_on_server
 from transformers import AutoTokenizer
 
-from rlvr import buffer_file, loop, model
+from rlvr import model, rollout
 from rlvr.methods import plain
+from rlvr.rollout import buffer_file
 from rlvr.sampling import JaxSampler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,11 +35,11 @@ def _run(sampler, state, update, to_batch, tok, rl, overlap, steps=3):
   env = _env(sampler, tok, even_length)
   env.rl = rl
   method = plain.Plain(PROMPTS, seed=0)
-  rollouts = loop.Rollouts(method, env, overlap=overlap, last_step=steps)
+  rollouts = rollout.Rollouts(method, env, overlap=overlap, last_step=steps)
   rows = []
   try:
     for step in range(steps):
-      state, m = loop.rl_step(state, update, method, env, step, to_batch, rollouts=rollouts)
+      state, m = rollout.rl_step(state, update, method, env, step, to_batch, rollouts=rollouts)
       rows.append(m)
   finally:
     rollouts.close()
@@ -113,7 +114,7 @@ def test_a_worker_thread_changes_when_a_buffer_is_built_not_what_it_holds(
 def test_a_buffer_kept_with_a_checkpoint_loads_back_exactly(tiny, tmp_path):
   cfg, params, tok = tiny
   env = _env(JaxSampler(cfg, params, tok), tok, even_length)
-  buf = loop.build_buffer(plain.Plain(PROMPTS, seed=0), env, 3, version=2)
+  buf = rollout.build_buffer(plain.Plain(PROMPTS, seed=0), env, 3, version=2)
   buf.metrics.update(method_count=np.int64(7), method_share=np.float32(0.5))  # numpy scalars
   buf.groups[0].tags["data_type"] = "original"  # a method's labels (the samples log's tags)
   path = buffer_file.save(str(tmp_path), buf)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from rlvr import oom
+from rlvr.run import oom
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
@@ -96,9 +96,9 @@ def test_evaluate_out_of_memory_is_one_line(tmp_path):
   """launch.evaluate of tiny_rlvr's model: 256 prompts x 64 samples x 2,000 tokens in one
   generate call (144 GiB)."""
   from configs import tiny_rlvr
-  from rlvr import runner
+  from rlvr.run import workdir
 
-  model_dir = runner.prepare_model(tiny_rlvr.get_config())  # cached, as launch.train makes it
+  model_dir = workdir.prepare_model(tiny_rlvr.get_config())  # cached, as launch.train makes it
   p = subprocess.run(
     [
       sys.executable,
@@ -162,11 +162,17 @@ def _called_from(modules, exc):
 @pytest.mark.parametrize(
   "modules, phase",
   [
-    (["rlvr.runner", "rlvr.loop", "rlvr.ppo", "rlvr.learner"], "RL update"),
-    (["rlvr.runner", "rlvr.loop", "rlvr.methods.svs", "rlvr.sampling.jax_sampler"], "sampling"),
-    (["rlvr.runner", "rlvr.evaluation", "rlvr.sampling.jax_sampler"], "evaluation"),
-    (["rlvr.runner", "rlvr.sft", "rlvr.learner"], "SFT"),
-    (["rlvr.runner", "rlvr.checkpoint"], None),
+    (
+      ["rlvr.run.runner", "rlvr.rollout.step", "rlvr.learner.ppo", "rlvr.learner.update"],
+      "RL update",
+    ),
+    (
+      ["rlvr.run.runner", "rlvr.rollout.step", "rlvr.methods.svs", "rlvr.sampling.jax_sampler"],
+      "sampling",
+    ),
+    (["rlvr.run.runner", "rlvr.run.evaluation", "rlvr.sampling.jax_sampler"], "evaluation"),
+    (["rlvr.run.runner", "rlvr.run.sft", "rlvr.learner.update"], "SFT"),
+    (["rlvr.run.runner", "rlvr.run.checkpoint"], None),
   ],
 )
 def test_phase_is_read_off_the_traceback(xla_oom, modules, phase):

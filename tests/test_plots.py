@@ -1,4 +1,4 @@
-"""training.png / <method>.png panels (`metrics.plot_metrics`) and the launchers' terminal."""
+"""training.png / <method>.png panels (`plots.plot_metrics`) and the launchers' terminal."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import run_output
 
-from rlvr import evaluation, metrics, runner
 from rlvr.methods import svs
+from rlvr.run import evaluation, plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,10 +49,10 @@ def _panels(fig) -> dict[str, list[str]]:
 
 def test_panels_are_titled_in_words_and_the_png_is_written(tmp_path):
   path = str(tmp_path / "training.png")
-  assert metrics.plot_metrics(_rows(), runner.PLOT_KEYS, path, title="run") == path
+  assert plots.plot_metrics(_rows(), plots.TRAINING_PANELS, path, title="run") == path
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  fig = metrics.metrics_figure(
+  fig = plots.metrics_figure(
     _rows(), ["accuracy", "response_len_mean", "grad_norm", "entropy", "my_new_metric_x"]
   )
   axes = [ax for ax in fig.axes if ax.axison]
@@ -63,23 +63,23 @@ def test_panels_are_titled_in_words_and_the_png_is_written(tmp_path):
     "Policy entropy",
   ]
   assert [ax.get_ylabel() for ax in axes[:2]] == ["fraction of responses correct", "tokens"]
-  assert metrics.label("my_new_metric_x") == ("My new metric x", "")
-  assert metrics.label("time_update") == ("Time per RL step: update", "seconds")
+  assert plots.label("my_new_metric_x") == ("My new metric x", "")
+  assert plots.label("time_update") == ("Time per RL step: update", "seconds")
 
 
 def test_a_series_equal_to_an_earlier_one_is_drawn_once():
-  panels = _panels(metrics.metrics_figure(_rows(), runner.PLOT_KEYS))
+  panels = _panels(plots.metrics_figure(_rows(), plots.TRAINING_PANELS))
   assert panels["Training accuracy"] == ["accuracy (= reward_mean)"]
   assert "Mean training reward" not in panels
   shaped = [dict(r, reward_mean=r["accuracy"] - 0.1) for r in _rows()]  # a penalty term
-  panels = _panels(metrics.metrics_figure(shaped, runner.PLOT_KEYS))
+  panels = _panels(plots.metrics_figure(shaped, plots.TRAINING_PANELS))
   assert panels["Training accuracy"] == ["accuracy"]
   assert panels["Mean training reward"] == ["reward_mean"]
 
 
 def test_heldout_panel_has_before_during_and_after_rl_points():
   before, after = {"heldout": {"pass@1": 0.25}}, {"heldout": {"pass@1": 0.6}}
-  fig = metrics.metrics_figure(_rows(every=10), runner.PLOT_KEYS, before=before, after=after)
+  fig = plots.metrics_figure(_rows(every=10), plots.TRAINING_PANELS, before=before, after=after)
   [ax] = [ax for ax in fig.axes if ax.get_title() == "Held-out pass@1"]
   [line] = ax.get_lines()
   # RL steps done: 0 before RL, 10 and 20 after rows 9 and 19, 20 again after RL.
@@ -88,11 +88,11 @@ def test_heldout_panel_has_before_during_and_after_rl_points():
   assert [t.get_text() for t in ax.get_legend().get_texts()] == ["heldout"]
   assert {t.get_text() for t in ax.texts} == {"before RL: 0.250", "after RL: 0.600"}
   # Without evaluations there is no held-out panel.
-  assert "Held-out pass@1" not in _panels(metrics.metrics_figure(_rows(), runner.PLOT_KEYS))
+  assert "Held-out pass@1" not in _panels(plots.metrics_figure(_rows(), plots.TRAINING_PANELS))
 
 
 def test_svs_data_types_share_one_panel_with_a_legend():
-  panels = _panels(metrics.metrics_figure(_rows(), svs.PLOT_KEYS))
+  panels = _panels(plots.metrics_figure(_rows(), svs.PLOT_KEYS))
   assert panels["Groups in the update by data type"] == [
     "type 1: original problems",
     "type 2: problem synthesis",
@@ -144,7 +144,7 @@ def test_log_lines_and_stop_messages_print_above_the_progress_bar(capsys):
 
   from tqdm import tqdm
 
-  from rlvr import progress
+  from rlvr.common import progress
 
   root, handler = logging.getLogger(), logging.StreamHandler(sys.stderr)
   root.addHandler(handler)

@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
+from rlvr.data.tasks import arithmetic, variants
 from rlvr.methods import qbq as qbq_method
 from rlvr.methods import qbq_teachers
-from rlvr.tasks import arithmetic, variants
 from synthesis import qbq
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +96,8 @@ def test_llm_teacher_on_the_real_vllm_server_rejects_garbage_with_reasons(vllm_s
 def test_reset_optimizer_equals_a_fresh_optimizer(one_device_learner, tiny_dirs):
   import jax
 
-  from rlvr import learner, model, packing
+  from rlvr import learner, model
+  from rlvr.learner import packing
 
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   state, update, to_batch = one_device_learner(cfg, params, 1e-3)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr import loop
+from rlvr import rollout
 from rlvr.rewards import RewardConfig, code
 from rlvr.rewards.equivalence import is_equivalent, normalize_integer
 from rlvr.rewards.pool import RewardPool
@@ -52,8 +52,10 @@ class _Scoring:
 
 
 def _step_metrics(score_fn, texts, golds) -> dict:
-  env = loop.StepEnv(None, score_fn, rl=loop.RLConfig(), pad_id=0, encode=list, encode_task=list)
-  return loop.build_buffer(_Scoring(texts, golds), env, step=0, version=0).metrics
+  env = rollout.StepEnv(
+    None, score_fn, rl=rollout.RLConfig(), pad_id=0, encode=list, encode_task=list
+  )
+  return rollout.build_buffer(_Scoring(texts, golds), env, step=0, version=0).metrics
 
 
 def test_unjudgeable_programs_score_zero_among_normal_ones():

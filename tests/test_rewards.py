@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr import rewards, shaping
-from rlvr.rewards import RewardConfig, RewardPool, equivalence
+from rlvr import rewards
+from rlvr.rewards import RewardConfig, RewardPool, equivalence, shaping
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "math_aime_eval.parquet"
-QBQ = RewardConfig(integer_answers=True)  # + rlvr.shaping format bonus 0.1 (BONUSES)
+QBQ = RewardConfig(integer_answers=True)  # + rlvr.rewards.shaping format bonus 0.1 (BONUSES)
 # A tower whose evaluation never ends: sympy keeps multiplying huge integers.
 TOWER = r"9^{9^{9^{9^{9}}}}"
 
@@ -133,7 +133,7 @@ def test_config_and_input_errors_name_the_field(pool):
 
 ANSWER_LINE = RewardConfig(extraction="answer_line")
 BONUS = RewardConfig(extraction="boxed")
-# Configs whose rows add QbQ's format bonus (rlvr.shaping) onto the verifier's reward.
+# Configs whose rows add QbQ's format bonus (rlvr.rewards.shaping) onto the verifier's reward.
 BONUSES = {id(QBQ): 0.1, id(BONUS): 0.1}
 
 TABLE = [

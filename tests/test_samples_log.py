@@ -15,21 +15,23 @@ import test_tracking
 from tiny_run import RAW_PROMPTS_RUN
 
 from configs import tiny_rlvr
-from rlvr import datasets, loop, metrics, samples_log
+from rlvr import rollout
+from rlvr.data import datasets
+from rlvr.run import metrics, samples_log
 from rlvr.sampling.types import Completion
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 offline = test_tracking.offline  # wandb in offline mode (fixture)
 
 
-def _group(text: str, answer: str, rewards, source: str = "train", **tags) -> loop.Group:
+def _group(text: str, answer: str, rewards, source: str = "train", **tags) -> rollout.Group:
   comps = [
     Completion(tuple(range(k + 1)), None, f"{text} response {k}", "stop" if k else "length")
     for k in range(len(rewards))
   ]
   rewards = np.asarray(rewards, np.float32)
-  prompt = loop.Prompt((1, 2, 3), answer, text, source)
-  return loop.Group(prompt, comps, rewards, rewards > 0.5, dict(tags))
+  prompt = rollout.Prompt((1, 2, 3), answer, text, source)
+  return rollout.Group(prompt, comps, rewards, rewards > 0.5, dict(tags))
 
 
 def test_records_cover_sampled_then_update_only_groups(tmp_path):
@@ -102,7 +104,7 @@ def test_a_resumed_log_replaces_later_steps_and_a_failed_write_keeps_the_file(tm
 
 
 def test_sample_rows_go_to_tensorboard_text_and_a_wandb_table(tmp_path, offline):
-  from rlvr import experiment
+  from rlvr.run import experiment
 
   rows = samples_log.records(3, [], [_group("1+1", "2", [1.0, 0.0], data_type="original")])
   rows[1]["response"] = "line one\nline two"

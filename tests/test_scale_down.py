@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from rlvr import metrics, runner
+from rlvr.run import metrics, runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER = sorted(
@@ -46,7 +46,7 @@ def test_every_paper_config_scales_down_to_a_run_this_file_makes():
 def data_files(tmp_path_factory):
   """Train and eval files a user could have written: arithmetic problems of depth 1 and 2
   (Composition-RL's `composed-d<K>` sources), one JSON object a line."""
-  from rlvr.tasks import composed
+  from rlvr.data.tasks import composed
 
   root = tmp_path_factory.mktemp("data")
   paths = {}

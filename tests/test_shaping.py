@@ -6,7 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from rlvr import learner, model, packing, shaping
+from rlvr import learner, model
+from rlvr.learner import packing
+from rlvr.rewards import shaping
 
 L_MAX, L_CACHE = 100, 20
 

@@ -1,4 +1,4 @@
-"""One SvS step (rlvr.methods.svs through loop.rl_step) on the tiny model, with
+"""One SvS step (rlvr.methods.svs through rollout.rl_step) on the tiny model, with
 JaxSampler and with the vLLM server."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import dataclasses
 import numpy as np
 from transformers import AutoTokenizer
 
-from rlvr import loop, metrics, model, samples_log
-from rlvr.data import format_prompt
+from rlvr import model, rollout
+from rlvr.data.prompts import format_prompt
+from rlvr.data.tasks import arithmetic
 from rlvr.methods import svs as svs_method
+from rlvr.run import metrics, samples_log
 from rlvr.sampling import JaxSampler
-from rlvr.tasks import arithmetic
 from synthesis import svs
 
 
@@ -24,7 +25,7 @@ def one_in_three(texts, golds, prompts=None):
 
 
 # Synthesis prompts carry our whole template plus a solution: 256 tokens hold them.
-RL = loop.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=256, max_response_len=12)
+RL = rollout.RLConfig(prompts_per_step=4, group_size=8, max_prompt_len=256, max_response_len=12)
 SVS = svs.SvSConfig(syntheses_per_solution=4)
 
 
@@ -32,7 +33,7 @@ def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cf
   """One rl_step of the SvS method over `prompts` (drawn in a seeded shuffle)."""
   state, update, to_batch = make_learner(cfg, params, lr, **kw.pop("learner", {}))
   enc = lambda text: format_prompt(tok, text, "")
-  env = loop.StepEnv(
+  env = rollout.StepEnv(
     sampler,
     score_fn,
     rl=rl,
@@ -43,11 +44,11 @@ def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cf
   )
   samples = kw.pop("samples", None)
   method = svs_method.SvS(prompts, 0, svs_cfg, **kw)
-  return loop.rl_step(state, update, method, env, 0, to_batch, samples=samples)
+  return rollout.rl_step(state, update, method, env, 0, to_batch, samples=samples)
 
 
 def _run(make_learner, sampler, cfg, params, tok, **kw):
-  prompts = [loop.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
+  prompts = [rollout.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
   return _step(make_learner, sampler, cfg, params, tok, prompts, one_in_three, RL, SVS, 1e-3, **kw)
 
 
@@ -58,7 +59,7 @@ def test_authors_loop_samples_originals_once_and_drops_too_long_synthesis_prompt
   prompts longer than max_prompt_len are dropped and counted, never cut."""
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
-  prompts = [loop.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
+  prompts = [rollout.Prompt((5 + i, 6 + i, 7 + i, 8 + i), "0") for i in range(16)]
   short = dataclasses.replace(RL, max_prompt_len=16)
   state, m = _step(
     one_device_learner,
@@ -141,7 +142,7 @@ def test_svs_step_with_vllm_sampler(vllm_server, served_model_dir, tmp_path, one
     sampler.close()
 
 
-ARITH_RL = loop.RLConfig(
+ARITH_RL = rollout.RLConfig(
   prompts_per_step=32, group_size=8, max_prompt_len=64, max_response_len=40, seed=3
 )
 ARITH_SVS = svs.SvSConfig(syntheses_per_solution=8)  # the paper's G_v
@@ -151,7 +152,7 @@ def _arithmetic_step(
   make_learner, sampler, cfg, params, tok, problems, score_fn, rl=ARITH_RL, samples=None
 ):
   enc = lambda text: format_prompt(tok, text, "")
-  prompts = [loop.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems]
+  prompts = [rollout.Prompt(tuple(enc(p.problem)), p.answer, p.problem) for p in problems]
   return _step(
     make_learner,
     sampler,

@@ -17,7 +17,7 @@ import run_output
 from absl import flags
 from ml_collections import config_flags
 
-from rlvr import experiment, metrics
+from rlvr.run import experiment, metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -151,9 +151,9 @@ def test_weight_sync_settings_are_named():
 def test_pushed_tensors_are_the_disk_checkpoints(tiny_dirs, family):
   """What a transfer sends (each tensor gathered on device from a sharded mesh, laid out
   and cast by XLA) is bit for bit what the disk path writes: names, order, values."""
-  from rlvr import sharding
   from rlvr.model import hf_io
-  from rlvr.sampling.transfer import host_tensors
+  from rlvr.parallel import sharding
+  from rlvr.sampling.weights import host_tensors
 
   mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2})
   cfg, params = model.load_hf(tiny_dirs[family], mesh=mesh)

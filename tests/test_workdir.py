@@ -17,7 +17,7 @@ import sys
 import pytest
 from mounts import tmpfs
 
-from rlvr import fileio
+from rlvr.common import fileio
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from rlvr import named
+from rlvr.common import named
 from rlvr.methods import composition, plain, qbq, svs
 from rlvr.methods.base import Method, Prompt
 

@@ -1,6 +1,6 @@
 """The contract every RL method meets, and the prompt pool most of them draw from.
 
-A method builds the data of one update; `rlvr.loop.rl_step` does the rest
+A method builds the data of one update; `rlvr.rollout.rl_step` does the rest
 (rollout metrics, batch, update, weight sync, timings) identically for all. A
 method is made by a factory `make(cfg, train) -> Method` from the run's
 ConfigDict (it reads and validates its own section) and the training prompts,
@@ -15,14 +15,14 @@ import abc
 import types
 from typing import Any, Mapping, Sequence
 
-from rlvr.data import DataStream
-from rlvr.loop import Group, Prompt, StepEnv
+from rlvr.data.stream import DataStream
+from rlvr.rollout import Group, Prompt, StepEnv
 
 __all__ = ["Group", "Method", "Prompt", "PromptPool", "StepEnv"]
 
 
 class Method(abc.ABC):
-  """One RL method: the runner and `loop.rl_step` know methods only through this.
+  """One RL method: the runner and `rollout.rl_step` know methods only through this.
 
   A subclass names itself and builds buffers, states and restores; the other
   hooks default to "nothing of its own".
@@ -39,7 +39,7 @@ class Method(abc.ABC):
     """The scored groups of one update (may be empty: the update is skipped) + metrics.
 
     The rollouts the step's metrics describe go to `env.report_rollouts`
-    (`loop.gather_groups` reports its own).
+    (`rollout.gather_groups` reports its own).
     """
 
   @abc.abstractmethod
@@ -62,7 +62,7 @@ class Method(abc.ABC):
 
 
 class PromptPool:
-  """Endless seeded shuffles of a fixed list of prompts, resumable (`rlvr.data.DataStream`)."""
+  """Endless seeded shuffles of a fixed list of prompts, resumable (`rlvr.data.stream.DataStream`)."""
 
   def __init__(self, prompts: Sequence[Prompt], seed: int):
     if not prompts:

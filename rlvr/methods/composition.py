@@ -2,7 +2,7 @@
 
 The composed problems are data (built offline by `launch/compose.py` with an
 assistant model, or by construction for the arithmetic task,
-`rlvr.tasks.composed`); what the method adds is the depth curriculum of the
+`rlvr.data.tasks.composed`); what the method adds is the depth curriculum of the
 paper: train on depth 1 until solve_all is high (or a fixed number of steps),
 then on depth 2, then on depth 3 (`synthesis.composition.Curriculum`). A
 prompt's depth is read from its source name, which ends in `-d<K>` ("composed-d2",
@@ -19,9 +19,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlvr import loop, settings
-from rlvr import metrics as metrics_lib
+from rlvr import rollout
+from rlvr.common import settings
+from rlvr.common.panel import Panel
 from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
+from rlvr.rollout import stats
 from synthesis.composition import Curriculum, CurriculumConfig
 
 _DEPTH = re.compile(r"-d(\d+)$")
@@ -37,9 +39,9 @@ class Composition(Method):
   """Draws the current depth's prompts; moves to the next depth by the curriculum rule."""
 
   name = "composition"
-  plot_keys: tuple[str | metrics_lib.Panel, ...] = (
+  plot_keys: tuple[str | Panel, ...] = (
     "depth",
-    metrics_lib.Panel(
+    Panel(
       "Training groups all or none correct",
       "fraction of groups",
       (("solve_all", "all correct (too easy)"), ("solve_none", "none correct (too hard)")),
@@ -65,8 +67,8 @@ class Composition(Method):
 
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
     depth = self.curriculum.depth
-    kept, sampled, _ = loop.gather_groups(env, self.pools[depth].draw, step)
-    solve_all = metrics_lib.group_stats(np.stack([g.correct for g in sampled]))["solve_all"]
+    kept, sampled, _ = rollout.gather_groups(env, self.pools[depth].draw, step)
+    solve_all = stats.group_stats(np.stack([g.correct for g in sampled]))["solve_all"]
     switched = self.curriculum.record(solve_all)
     return kept, {"depth": depth, "depth_switch": int(switched)}
 

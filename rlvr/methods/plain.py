@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from rlvr import loop
+from rlvr import rollout
 from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 
 
@@ -17,7 +17,7 @@ class Plain(Method):
     self.pool = PromptPool(train, seed)
 
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
-    kept, _, _ = loop.gather_groups(env, self.pool.draw, step)
+    kept, _, _ = rollout.gather_groups(env, self.pool.draw, step)
     return kept, {}
 
   def state(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ Round t of `rounds`, each `steps_per_round` RL steps (paper: 20 x 150):
            in the band (Eq. 3);
   variants the teacher applies 3 operators per seed (`synthesis.qbq`; the teacher,
            `qbq_teachers`, is the policy itself, any OpenAI-compatible server, or for
-           the arithmetic task the procedural one of `rlvr.tasks.variants`);
+           the arithmetic task the procedural one of `rlvr.data.tasks.variants`);
   scored   n = correct of k samples of pi_t per accepted variant;
   selected R_t = SelectRL(V_t) (Algorithm 2);
   GRPO     one pass over R_t, `rl.loop.prompts_per_step` problems per step, a fresh
@@ -34,8 +34,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlvr import loop, settings
-from rlvr import metrics as metrics_lib
+from rlvr import rollout
+from rlvr.common import settings
+from rlvr.common.panel import Panel
 from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 from rlvr.methods.qbq_store import RoundStore, as_variant
 from rlvr.methods.qbq_teachers import Complete, llm_variants, procedural_variants, server_teacher
@@ -92,9 +93,9 @@ class QbQ(Method):
   """The round pipeline over the step seam; state = round prepared + position in its pass."""
 
   name = "qbq"
-  plot_keys: tuple[str | metrics_lib.Panel, ...] = (
+  plot_keys: tuple[str | Panel, ...] = (
     "qbq_round",
-    metrics_lib.Panel(
+    Panel(
       "Problems per QbQ round",
       "problems",
       (
@@ -106,7 +107,7 @@ class QbQ(Method):
     ),
     "qbq_vendi",
     "accuracy",
-    metrics_lib.Panel(
+    Panel(
       "Training groups all or none correct",
       "fraction of groups",
       (("solve_all", "all correct (too easy)"), ("solve_none", "none correct (too hard)")),
@@ -146,12 +147,12 @@ class QbQ(Method):
       top_k=c.score_top_k,
       repetition_penalty=c.score_repetition_penalty,
       max_tokens=c.score_max_tokens,
-      seed=loop.step_seed(self.seed, t, salt),
+      seed=rollout.step_seed(self.seed, t, salt),
     )
     # Correctness only: no shaping terms, so a step's shaping metrics describe its update's
     # rollouts whether or not this stage ran in it (a resumed run may load it instead).
     kept = [p for p, ok in zip(prompts, fits) if ok]
-    groups = iter(loop.rollout(env.generate, env.score, kept, sp) if kept else [])
+    groups = iter(rollout.rollout(env.generate, env.score, kept, sp) if kept else [])
     return [
       dict(dataclasses.asdict(v), n=int(next(groups).correct.sum()) if ok else None)
       for v, ok in zip(items, fits)
@@ -187,7 +188,7 @@ class QbQ(Method):
       temperature=c.teacher_temperature,
       top_p=c.teacher_top_p,
       max_tokens=c.teacher_max_tokens,
-      seed=loop.step_seed(self.seed, t, 99),
+      seed=rollout.step_seed(self.seed, t, 99),
     )
     return lambda prompts: [g[0].text for g in env.complete(prompts, sp)]
 
@@ -327,7 +328,7 @@ class QbQ(Method):
         min(self.pos + k, len(self.problems)),
       )
     m = dict(self.round_metrics, qbq_round=t, qbq_round_start=int(start))
-    groups = env.rollout(batch, env.rl.sampling_params(loop.step_seed(self.seed, step, 0)))
+    groups = env.rollout(batch, env.rl.sampling_params(rollout.step_seed(self.seed, step, 0)))
     if groups:
       env.report_rollouts(groups, groups, 1)
     return groups, m

@@ -11,7 +11,8 @@ import glob
 import os
 from typing import Any, Callable, Mapping, Sequence
 
-from rlvr import distributed, fileio
+from rlvr.common import fileio
+from rlvr.parallel import distributed
 from synthesis import qbq
 
 read_jsonl = fileio.read_jsonl

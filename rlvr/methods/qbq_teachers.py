@@ -45,8 +45,8 @@ def llm_variants(
 
 
 def procedural_variants(seeds: Sequence[qbq.Variant], n_ops: int, salt: str) -> list[dict]:
-  """The arithmetic task's teacher (`rlvr.tasks.variants`): exact answers by construction."""
-  from rlvr.tasks import variants as arith
+  """The arithmetic task's teacher (`rlvr.data.tasks.variants`): exact answers by construction."""
+  from rlvr.data.tasks import variants as arith
 
   out = []
   for s in seeds:

@@ -17,15 +17,16 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlvr import loop, settings
-from rlvr import metrics as metrics_lib
+from rlvr import rollout
+from rlvr.common import settings
+from rlvr.common.panel import Panel
 from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
 from synthesis import svs
 
-# svs.png's panels (`metrics.plot_metrics`); the data types are docs/methods.md#svs's.
+# svs.png's panels (`plots.plot_metrics`); the data types are docs/methods.md#svs's.
 PLOT_KEYS = (
   "accuracy",
-  metrics_lib.Panel(
+  Panel(
     "Groups in the update by data type",
     "groups",
     (
@@ -34,7 +35,7 @@ PLOT_KEYS = (
       ("type3_groups", "type 3: synthetic problems"),
     ),
   ),
-  metrics_lib.Panel(
+  Panel(
     "Synthetic problems by synthesis reward",
     "problems per step",
     (
@@ -45,7 +46,7 @@ PLOT_KEYS = (
     ),
   ),
   "synthetic_accuracy",
-  metrics_lib.Panel(
+  Panel(
     "Accepted synthetic problems",
     "problems per step",
     (
@@ -71,10 +72,10 @@ class SvS(Method):
 
   def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
     rl = env.rl
-    rng = random.Random(loop.step_seed(rl.seed, step, 99))
-    seed = lambda phase: loop.step_seed(rl.seed, step, 100 + phase)  # apart from DS rounds
+    rng = random.Random(rollout.step_seed(rl.seed, step, 99))
+    seed = lambda phase: rollout.step_seed(rl.seed, step, 100 + phase)  # apart from DS rounds
     if self.cfg.refill_originals:  # DAPO's dynamic sampling: up to prompts_per_step mixed groups
-      kept, originals, rounds = loop.gather_groups(env, self.pool.draw, step)
+      kept, originals, rounds = rollout.gather_groups(env, self.pool.draw, step)
     else:  # the authors' loop: one draw, the mixed groups kept
       originals = env.rollout(self.pool.draw(rl.prompts_per_step), rl.sampling_params(seed(0)))
       kept, rounds = [o for o in originals if o.mixed], 1
@@ -195,7 +196,7 @@ def synthesis_template(name: str) -> str | None:
   if name == "code":
     return svs.code_template()
   if name == "arithmetic":
-    from rlvr.tasks import arithmetic
+    from rlvr.data.tasks import arithmetic
 
     return arithmetic.INVERSE_TEMPLATE
   with open(name) as f:

@@ -17,7 +17,7 @@ undefined values there; they are masked out of every loss.
 `fused_attention` hands the same computation to `jax.nn.dot_product_attention`
 (cuDNN's flash attention on GPU with `implementation="cudnn"`; XLA's own
 lowering with "xla", which is how CPU tests check its masking). Its masks cover
-the learner's rows exactly as `learner.pack_rows` lays them out (one sequence per
+the learner's rows exactly as `packing.pack_rows` lays them out (one sequence per
 row, then right padding): causal, plus a per-row length. Packed rows (several
 segments in one row) are outside what it can express; use blockwise there.
 """

@@ -3,7 +3,7 @@
 Layers are stacked with `nn.scan`, so every layer parameter has a leading
 "layers" axis and a model of any depth compiles once. Every parameter carries
 logical axis names (embed, vocab, heads, kv_heads, head_dim, mlp, layers, experts,
-expert_mlp) that `rlvr.sharding` maps onto mesh axes. A mixture-of-experts model whose
+expert_mlp) that `rlvr.parallel.sharding` maps onto mesh axes. A mixture-of-experts model whose
 layers are all sparse (or all dense) has one stack, "layers"; one with dense layers among
 sparse ones has a stack per run of alike layers, "layers_<first layer>" (`layer_groups`).
 
@@ -11,6 +11,10 @@ Masking follows segment ids: tokens attend to earlier tokens of the same
 non-zero segment; segment 0 is padding and is never attended to. With a
 `KVCache`, new keys and values are written at `cache.index` and queries see
 every filled slot of their segment up to their own slot.
+
+This file holds the cache, the layer stacks, `Decoder` and the functional API (`forward`,
+`init`, `param_shapes`, ...); the modules of one layer are in `rlvr.model.layers`, RoPE in
+`rlvr.model.rope`.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from rlvr import sharding
-from rlvr.model import attention, grad_accum, lowp, moe
-from rlvr.model.config import ModelConfig, RopeScaling
+from rlvr.model import grad_accum
+from rlvr.model.config import ModelConfig
+from rlvr.model.layers import Block, RMSNorm, param
 from rlvr.model.lowp import logits_matmul  # noqa: F401 (docs/benchmarks.md: decoder.logits_matmul)
+from rlvr.parallel import sharding
 
 Params = Any
 
@@ -95,215 +100,6 @@ def layer_groups(config: ModelConfig) -> tuple[LayerGroup, ...]:
   return tuple(LayerGroup(f"layers_{s}", sparse, s, n) for sparse, s, n in runs)
 
 
-# ----------------------------------------------------------------------- RoPE
-def rope_frequencies(config: ModelConfig) -> jax.Array:
-  """Inverse frequencies theta^(-2i/d), rescaled per Llama-3 when configured."""
-  d = config.head_dim
-  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  if config.rope_scaling is not None:
-    inv_freq = _llama3_scale(inv_freq, config.rope_scaling)
-  return inv_freq
-
-
-def _llama3_scale(inv_freq: jax.Array, s: RopeScaling) -> jax.Array:
-  """Llama-3.1: long wavelengths divided by `factor`, short kept, smooth between."""
-  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-  wavelen = 2 * math.pi / inv_freq
-  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-    s.high_freq_factor - s.low_freq_factor
-  )
-  smoothed = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
-  out = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-  middle = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-  return jnp.where(middle, smoothed, out)
-
-
-def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
-  """Rotates halves (HF "rotate_half" layout), computed in f32."""
-  angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B,T,D/2]
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
-  x = x_bthd.astype(jnp.float32)
-  x1, x2 = jnp.split(x, 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_bthd.dtype)
-
-
-# --------------------------------------------------------------------- layers
-def dense(x, w):
-  """x[..., d] @ w[d, *out] as one 2-D matmul: XLA's CPU backward of dots with
-  several contracting dims (batch and time) runs ~2x slower than the flat form.
-  bf16 / f16 on CPU take `lowp.matmul` (f32 accumulation, the fast kernels)."""
-  x2, w2 = x.reshape(-1, x.shape[-1]), w.reshape(w.shape[0], -1)
-  if lowp.cpu_low_precision(x.dtype):
-    y = lowp.matmul(x2, w2)
-  else:
-    y = x2 @ w2
-  return y.reshape(x.shape[:-1] + w.shape[1:])
-
-
-def _param(module: nn.Module, name: str, shape, axes, dtype, init=None):
-  init = init or nn.initializers.normal(0.02)
-  return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
-
-
-class RMSNorm(nn.Module):
-  eps: float
-  axis_name: str = "embed"
-  param_dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x):
-    scale = _param(
-      self, "scale", (x.shape[-1],), (self.axis_name,), self.param_dtype, nn.initializers.ones
-    )
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-    return scale.astype(x.dtype) * xf.astype(x.dtype)
-
-
-class Attention(nn.Module):
-  config: ModelConfig
-  param_dtype: Any
-  attention: str = "auto"  # rlvr.model.attention.IMPLEMENTATIONS
-
-  @nn.compact
-  def __call__(self, x_btd, positions_bt, segment_bt, kv, layer):
-    c, pd = self.config, self.param_dtype
-    dt = x_btd.dtype
-    h, kvh, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
-
-    def proj(name, heads, head_axis):
-      w = _param(self, f"{name}_kernel", (d, heads, hd), ("embed", head_axis, "head_dim"), pd)
-      y = dense(x_btd, w.astype(dt))
-      if c.qkv_bias:
-        b = _param(
-          self, f"{name}_bias", (heads, hd), (head_axis, "head_dim"), pd, nn.initializers.zeros
-        )
-        y = y + b.astype(dt)
-      return y
-
-    q = proj("q", h, "heads")
-    k = proj("k", kvh, "kv_heads")
-    v = proj("v", kvh, "kv_heads")
-    if c.qk_norm:
-      q = RMSNorm(c.rms_norm_eps, "head_dim", pd, name="q_norm")(q)
-      k = RMSNorm(c.rms_norm_eps, "head_dim", pd, name="k_norm")(k)
-    inv_freq = rope_frequencies(c)
-    q = apply_rope(q, positions_bt, inv_freq)
-    k = apply_rope(k, positions_bt, inv_freq)
-
-    t = x_btd.shape[1]
-    if kv is None:
-      chosen = attention.choose(self.attention, t, decoding=False)
-      if chosen == "blockwise":
-        out = attention.blockwise_attention(q, k, v, segment_bt)
-      elif chosen == "cudnn":
-        out = attention.fused_attention(q, k, v, segment_bt, "cudnn")
-      else:
-        out = attention.causal_dense_attention(q, k, v, segment_bt)
-    else:
-      # The whole stack's cache rides in the scan carry and is updated in place
-      # at [layer, :, index]; slicing per layer through scan outputs would copy it.
-      k_all, v_all, kv_segment, index = kv
-      at = (layer, 0, index, 0, 0)
-      k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
-      v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
-      keys = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
-      values = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
-      kv = (k_all, v_all, kv_segment, index)
-      out = attention.dense_attention(
-        q, keys, values, segment_bt, kv_segment, index + jnp.arange(t), jnp.arange(keys.shape[1])
-      )
-    wo = _param(self, "o_kernel", (h, hd, d), ("heads", "head_dim", "embed"), pd)
-    return dense(out, wo.reshape(h * hd, d).astype(dt)), kv
-
-
-class MLP(nn.Module):
-  config: ModelConfig
-  param_dtype: Any
-
-  @nn.compact
-  def __call__(self, x):
-    c, pd, dt = self.config, self.param_dtype, x.dtype
-    wg = _param(self, "gate_kernel", (c.hidden_size, c.intermediate_size), ("embed", "mlp"), pd)
-    wu = _param(self, "up_kernel", (c.hidden_size, c.intermediate_size), ("embed", "mlp"), pd)
-    wd = _param(self, "down_kernel", (c.intermediate_size, c.hidden_size), ("mlp", "embed"), pd)
-    return dense(nn.silu(dense(x, wg.astype(dt))) * dense(x, wu.astype(dt)), wd.astype(dt))
-
-
-class MoE(nn.Module):
-  """Router + experts (`rlvr.model.moe`); returns (y, (router logits, chosen experts))."""
-
-  config: ModelConfig
-  param_dtype: Any
-  mesh: Any = None
-
-  @nn.compact
-  def __call__(self, x_btd, routes_btk=None):
-    c, pd, dt = self.config, self.param_dtype, x_btd.dtype
-    e, d, f = c.num_experts, c.hidden_size, c.moe_intermediate_size
-    wr = _param(self, "router_kernel", (d, e), ("embed", None), pd)
-    logits = dense(x_btd, wr.astype(dt)).astype(jnp.float32)
-    weights, experts = moe.route(logits, c.num_experts_per_tok, c.norm_topk_prob, routes_btk)
-    in_axes, out_axes = ("experts", "embed", "expert_mlp"), ("experts", "expert_mlp", "embed")
-    wg = _param(self, "gate_kernel", (e, d, f), in_axes, pd)
-    wu = _param(self, "up_kernel", (e, d, f), in_axes, pd)
-    wd = _param(self, "down_kernel", (e, f, d), out_axes, pd)
-    batch_axes, specs = (), (None, None, None)
-    if self.mesh is not None:
-      batch_axes = sharding.data_axes(self.mesh, x_btd.shape[0])
-      specs = tuple(
-        sharding.spec(a, w.shape, self.mesh)
-        for a, w in ((in_axes, wg), (in_axes, wu), (out_axes, wd))
-      )
-    y = moe.expert_ffn(
-      x_btd,
-      experts,
-      weights.astype(dt),
-      wg.astype(dt),
-      wu.astype(dt),
-      wd.astype(dt),
-      self.mesh,
-      batch_axes,
-      specs,
-    )
-    return y, (logits, experts)
-
-
-class Block(nn.Module):
-  """Pre-norm residual block; the scan body: carry (x, kv cache or None), xs = (layer
-  index, given routes or None); ys: (router logits, experts) of a sparse block, else None."""
-
-  config: ModelConfig
-  param_dtype: Any
-  attention: str = "auto"
-  sparse: bool = False
-  mesh: Any = None
-
-  @nn.compact
-  def __call__(self, carry, positions_bt, segment_bt, layer, routes_btk=None):
-    c, pd = self.config, self.param_dtype
-    x, kv = carry
-    y, kv = Attention(c, pd, self.attention, name="attn")(
-      RMSNorm(c.rms_norm_eps, param_dtype=pd, name="input_norm")(x),
-      positions_bt,
-      segment_bt,
-      kv,
-      layer,
-    )
-    x = x + y
-    h = RMSNorm(c.rms_norm_eps, param_dtype=pd, name="post_attn_norm")(x)
-    routing = None
-    if self.sparse:
-      y, routing = MoE(c, pd, self.mesh, name="moe")(h, routes_btk)
-    else:
-      y = MLP(c, pd, name="mlp")(h)
-    x = nn.with_logical_constraint(x + y, ("batch", "length", "embed"))
-    return (x, kv), routing
-
-
 REMAT_POLICIES = ("nothing", "dots")
 
 
@@ -342,7 +138,7 @@ class Decoder(nn.Module):
     c, pd = self.config, self.param_dtype
     if accumulate is not None and cache is not None:
       raise ValueError("accumulate: gradient accumulation has no use with a KV cache")
-    embed = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"), pd)
+    embed = param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"), pd)
     x = jnp.take(embed, tokens_bt, axis=0)
     if self.dtype is not None:
       x = x.astype(self.dtype)
@@ -431,7 +227,7 @@ class Decoder(nn.Module):
     if c.tie_word_embeddings:
       head = embed.T
     else:
-      head = _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"), pd)
+      head = param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"), pd)
     logits = jnp.einsum("btd,dv->btv", x, head.astype(x.dtype), preferred_element_type=jnp.float32)
     return logits, new_cache, routing
 

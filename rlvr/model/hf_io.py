@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr import sharding
 from rlvr.model import decoder
 from rlvr.model.config import ModelConfig
 from rlvr.model.safetensors_io import SafetensorsFile, save_file
+from rlvr.parallel import sharding
 
 
 class CheckpointError(ValueError):
@@ -220,7 +220,7 @@ def load_hf(
   """Reads an HF directory -> (ModelConfig, params), one parameter at a time.
 
   With `mesh`, each parameter is placed on the sharding its logical axes get
-  under `rules` (default `rlvr.sharding.DEFAULT_RULES`) as soon as it is read,
+  under `rules` (default `rlvr.parallel.sharding.DEFAULT_RULES`) as soon as it is read,
   so at most one full parameter lives in host memory at a time.
   """
   path = os.fspath(path)

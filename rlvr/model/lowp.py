@@ -1,7 +1,7 @@
 """CPU matmuls in bf16 / f16 with f32 accumulation, with custom VJPs laid out for XLA's CPU kernels.
 
 `cpu_low_precision(dtype)` says when they apply (bf16 / f16 on the CPU backend);
-`matmul` is the custom-VJP product the decoder's layers take (`decoder.dense`),
+`matmul` is the custom-VJP product the decoder's layers take (`layers.dense`),
 `logits_matmul` the language-model head's (f32 logits, the gradient rounded to the
 activations' dtype, as autocast does), which the learner's chunked loss takes.
 """

@@ -190,7 +190,7 @@ def expert_ffn(
 ):
   """The routed FFN of every token [B, T, D]; expert-parallel when `mesh` has expert > 1.
 
-  batch_axes: the mesh axes that split B (`rlvr.sharding.data_axes`); when "expert" is one
+  batch_axes: the mesh axes that split B (`rlvr.parallel.sharding.data_axes`); when "expert" is one
   of them, each device holds other tokens than its expert peers and gathers theirs.
   weight_specs: the PartitionSpecs the gate / up / down weights are stored with (their
   first dimension on "expert" or unsplit); default: split over "expert" only.

@@ -12,7 +12,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from rlvr import fileio
+from rlvr.common import fileio
 
 _DTYPES = {
   "F64": np.float64,

@@ -16,7 +16,7 @@ import random
 import jax
 import jax.numpy as jnp
 
-from rlvr import chat_templates
+from rlvr.data import chat_templates
 from rlvr.model import decoder
 from rlvr.model.config import ModelConfig, RopeScaling
 from rlvr.model.hf_io import save_hf

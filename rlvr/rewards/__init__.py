@@ -2,7 +2,7 @@
 
 A response earns `correct` (1/0: its final answer matches the reference);
 `well_formed` says whether it states a well-formed final answer, on which
-`rlvr.shaping` adds QbQ's format bonus. Extraction (`extraction`) and string normalisation (`equivalence`)
+`rlvr.rewards.shaping` adds QbQ's format bonus. Extraction (`extraction`) and string normalisation (`equivalence`)
 are pure functions that run in the caller; math-verify (sympy) runs in worker
 processes because a single pathological answer (`9^{9^{9^{9}}}`, `(10^8)!`)
 can hold a CPU for minutes and its own timeouts use `signal.alarm`, which works

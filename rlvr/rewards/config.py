@@ -64,7 +64,7 @@ class ScoreResult:
   """Per-response scores of one `score` call.
 
   rewards = correct as 1.0 / 0.0 (shaping terms such as QbQ's format bonus are
-  added by `rlvr.shaping`); an item that timed out or crashed its worker scores 0
+  added by `rlvr.rewards.shaping`); an item that timed out or crashed its worker scores 0
   (correct and well_formed False).
   timeouts / errors count those items.
   """

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from rlvr import named
+from rlvr.common import named
 
 FIELD = "reward.domain"
 # scored: a finite number came back; fn_raised: the call raised (every response of the call);

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr import sharding
 from rlvr.model import decoder
 from rlvr.model.config import ModelConfig
+from rlvr.parallel import sharding
 from rlvr.sampling.types import Completion, SamplingParams
 
 
@@ -192,7 +192,7 @@ class JaxSampler:
   """Samples from `params` in this process (CPU, or the devices of `mesh`)."""
 
   # it runs on the learner's devices: a buffer built ahead (rl.loop.max_staleness=1)
-  # is built before the update, not during it (`loop.Rollouts`)
+  # is built before the update, not during it (`rollout.Rollouts`)
   overlaps_update = False
 
   def __init__(

@@ -16,8 +16,8 @@ collectives) and feeds its own servers.
 
 from __future__ import annotations
 
-from rlvr.sampling.transfer import TransferError, hf_arrays, torch_dtype_name
 from rlvr.sampling.vllm_server import free_port
+from rlvr.sampling.weights import TransferError, hf_arrays, torch_dtype_name
 
 
 class NcclTransport:

@@ -40,7 +40,7 @@ import requests
 
 from rlvr.model import hf_io
 from rlvr.model.config import ModelConfig
-from rlvr.sampling import http, transfer
+from rlvr.sampling import http, transfer, weights
 from rlvr.sampling.config import WEIGHT_SYNCS, SamplerConfig
 from rlvr.sampling.http import check_retry_settings
 from rlvr.sampling.types import Completion, SamplingParams
@@ -373,7 +373,7 @@ class VLLMSampler:
         link.push(
           lambda: link.transport.tensors(self.model_config, params, self.sync_dtype), self.version
         )
-      except transfer.TransferError as e:
+      except weights.TransferError as e:
         raise SamplerError(str(e)) from None
 
   def _sync_transfer(self, params: Any, version: int) -> None:
@@ -384,7 +384,7 @@ class VLLMSampler:
             lambda link=link: link.transport.tensors(self.model_config, params, self.sync_dtype),
             version,
           )
-        except transfer.TransferError as e:
+        except weights.TransferError as e:
           raise SamplerError(str(e)) from None
       self.version, self._served = version, params
 

@@ -1,0 +1,50 @@
+"""The GRPO learner: TrainState, optimizer and the sharded, jitted update step.
+
+`make_update_fn(...)` returns `update(state, batch) -> (state, metrics)`: it
+recomputes the completion-token logprobs, applies the policy loss
+`LearnerConfig.policy_loss` names (`objectives.POLICY_LOSSES`) with the optional mismatch
+correction (truncated IS per token or sequence, sequence masking), accumulates
+gradients over micro-batches with the loss normaliser of the WHOLE batch (so 1 or k
+micro-batches give the same step), clips the global gradient norm and takes one AdamW
+step. State is donated.
+
+With `LearnerConfig.lora.rank > 0` the trained pytree (`TrainState.params`,
+and so the optimizer state) is the LoRA adapters, the frozen base rides in
+`LoraTrainState.base`, and the loss sees `lora.merge(base, adapters)`
+(`rlvr.learner.lora`); `policy_params(state, cfg)` is the policy's weights either way.
+
+This file is the package's public API; the code lives in `config` (LearnerConfig,
+TrainBatch), `state` (states, optimizer, shardings), `logprobs` (log-prob passes,
+masks), `update` (the loss and the update step), `lora`, `packing` and `ppo`.
+"""
+
+from rlvr.learner.config import LearnerConfig, TrainBatch
+from rlvr.learner.logprobs import batch_logprobs, loss_mask, make_logprob_fn
+from rlvr.learner.state import (
+  LoraTrainState,
+  TrainState,
+  init_state,
+  new_state,
+  policy_params,
+  reset_optimizer,
+  state_shardings,
+)
+from rlvr.learner.update import jit_train_step, make_update_fn, train_step
+
+__all__ = [
+  "LearnerConfig",
+  "LoraTrainState",
+  "TrainBatch",
+  "TrainState",
+  "batch_logprobs",
+  "init_state",
+  "jit_train_step",
+  "loss_mask",
+  "make_logprob_fn",
+  "make_update_fn",
+  "new_state",
+  "policy_params",
+  "reset_optimizer",
+  "state_shardings",
+  "train_step",
+]

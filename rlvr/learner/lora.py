@@ -1,0 +1,196 @@
+"""LoRA adapters for the decoder, merged into the base weights on the fly.
+
+A targeted kernel W is read as the matrix [in, out] it applies (`layers.dense`
+contracts its leading "in" dims with x): q/k/v [embed | heads, head_dim], o
+[heads, head_dim | embed], gate/up [embed | mlp], down [mlp | embed], lm_head
+[embed | vocab], embedding [vocab | embed] (a one-hot lookup). Layer kernels
+keep their leading "layers" axis. The adapter of W is
+
+  A: [layers, *in, rank]   uniform +-1/sqrt(prod(in))   (PEFT's kaiming-uniform)
+  B: [layers, rank, *out]  zeros
+  W' = W + (alpha / rank) * (A @ B)   with A, B flattened to [in, rank], [rank, out]
+
+so fresh adapters leave the model exactly as it is, and A and B keep W's logical
+axes on their in/out dims (they shard like W; the rank dim is replicated).
+
+Training (`LearnerConfig.lora`, `rlvr.learner`): the trainable pytree, and so
+the optimizer state, is the adapters only; the frozen base rides in the
+TrainState and each micro-batch's loss runs the ordinary forward on
+`merge(base, adapters)`. The decoder's forward is untouched and the exported
+policy is just the merged weights. The price: the backward pass still forms a
+full-size gradient for each merged kernel per micro-batch (then contracted to
+A and B), so LoRA here saves the Adam moments and the gradient accumulator of
+the base, not that transient.
+
+Dropout: PEFT drops elements of the LoRA path's input, independently per token.
+A merged weight cannot do that, so here dropout zeroes rows of A (input
+features of the LoRA path), scaled by 1/(1-p), with one mask per kernel and
+layer per optimizer step: (x * m) @ A == x @ (diag(m) A). Same expectation as
+PEFT's, but every token of the step shares the mask, so it is a coarser
+(feature-level, per-step) regulariser. The base path is never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+from jax.sharding import PartitionSpec
+
+from rlvr.model import decoder
+from rlvr.model.config import ModelConfig
+from rlvr.parallel import sharding
+
+# Parameter name -> how many of its dims (after "layers") are the input dims.
+IN_DIMS = {
+  "q_kernel": 1,
+  "k_kernel": 1,
+  "v_kernel": 1,
+  "o_kernel": 2,
+  "gate_kernel": 1,
+  "up_kernel": 1,
+  "down_kernel": 1,
+  "lm_head": 1,
+  "embedding": 1,
+}
+ALL_LINEAR = (
+  "q_kernel",
+  "k_kernel",
+  "v_kernel",
+  "o_kernel",
+  "gate_kernel",
+  "up_kernel",
+  "down_kernel",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """rank 0 = off (full fine-tuning). Defaults with rank=32 are QbQ's M0 recipe
+  (alpha 64, dropout 0.05, every linear layer of the blocks)."""
+
+  rank: int = 0
+  alpha: float = 64.0
+  dropout: float = 0.05
+  targets: tuple[str, ...] = ALL_LINEAR  # fnmatch patterns over IN_DIMS' names
+
+  def __post_init__(self):
+    if isinstance(self.targets, str):
+      raise ValueError(f"targets: expected a tuple of names, got the string {self.targets!r}")
+    object.__setattr__(self, "targets", tuple(self.targets))
+    if not isinstance(self.rank, int) or self.rank < 0:
+      raise ValueError(f"rank: must be an int >= 0 (0 = off), got {self.rank!r}")
+    if not self.alpha > 0:
+      raise ValueError(f"alpha: must be > 0, got {self.alpha!r}")
+    if not 0 <= self.dropout < 1:
+      raise ValueError(f"dropout: must be in [0, 1), got {self.dropout!r}")
+    if not self.targets:
+      raise ValueError("targets: empty; name at least one kernel")
+    for pattern in self.targets:
+      if not any(fnmatch.fnmatchcase(n, pattern) for n in IN_DIMS):
+        raise ValueError(
+          f"targets: {pattern!r} matches no adaptable parameter; known: {sorted(IN_DIMS)}"
+        )
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+
+def _layout(path: tuple[str, ...]) -> tuple[int, int]:
+  """(leading stacked dims, input dims) of the kernel at `path`."""
+  return (1 if path[0] == "layers" else 0), IN_DIMS[path[-1]]
+
+
+def _targeted(params, cfg: LoraConfig) -> list[tuple[str, ...]]:
+  """Sorted paths of the kernels `cfg.targets` selects; a pattern that selects none is an error."""
+  paths = sorted(traverse_util.flatten_dict(params))
+  chosen = []
+  for pattern in cfg.targets:
+    hits = [p for p in paths if p[-1] in IN_DIMS and fnmatch.fnmatchcase(p[-1], pattern)]
+    if not hits:
+      raise ValueError(
+        f"targets: {pattern!r} matches no parameter of this model (e.g. lm_head of a tied model)"
+      )
+    chosen += [p for p in hits if p not in chosen]
+  return sorted(chosen)
+
+
+def init_adapters(params, cfg: LoraConfig, rng: jax.Array):
+  """{kernel path: {"lora_a": A, "lora_b": B}} (f32) for every targeted kernel; B = 0."""
+  flat = traverse_util.flatten_dict(params)
+  out = {}
+  for i, path in enumerate(_targeted(params, cfg)):
+    shape = flat[path].shape
+    lead, n_in = _layout(path)
+    bound = 1.0 / math.sqrt(math.prod(shape[lead : lead + n_in]))
+    out[path + ("lora_a",)] = jax.random.uniform(
+      jax.random.fold_in(rng, i), shape[: lead + n_in] + (cfg.rank,), jnp.float32, -bound, bound
+    )
+    out[path + ("lora_b",)] = jnp.zeros(
+      shape[:lead] + (cfg.rank,) + shape[lead + n_in :], jnp.float32
+    )
+  return traverse_util.unflatten_dict(out)
+
+
+def delta(a: jax.Array, b: jax.Array, lead: int, scale: float) -> jax.Array:
+  """scale * A @ B over the flattened in/out dims, shaped [*lead, *in, *out]."""
+  r = a.shape[-1]
+  batch = a.shape[:lead]
+  a2 = a.reshape(batch + (-1, r))
+  b2 = b.reshape(batch + (r, -1))
+  d = jnp.matmul(a2, b2, precision=jax.lax.Precision.HIGHEST) * scale
+  return d.reshape(a.shape[:-1] + b.shape[lead + 1 :])
+
+
+def merge(params, adapters, cfg: LoraConfig, dropout_rng: jax.Array | None = None):
+  """params with every adapted kernel W replaced by W + (alpha/rank) A @ B (pure, jittable).
+
+  With `dropout_rng` and cfg.dropout > 0, rows of A are dropped (module docstring).
+  The sum is taken in f32 and cast back to W's dtype.
+  """
+  flat = dict(traverse_util.flatten_dict(params))
+  ad = traverse_util.flatten_dict(adapters)
+  for i, path in enumerate(sorted({p[:-1] for p in ad})):
+    a, b = ad[path + ("lora_a",)], ad[path + ("lora_b",)]
+    lead, _ = _layout(path)
+    if dropout_rng is not None and cfg.dropout > 0:
+      keep = jax.random.bernoulli(jax.random.fold_in(dropout_rng, i), 1 - cfg.dropout, a.shape[:-1])
+      a = a * (keep[..., None] / (1 - cfg.dropout)).astype(a.dtype)
+    w = flat[path]
+    flat[path] = (w.astype(jnp.float32) + delta(a, b, lead, cfg.scale)).astype(w.dtype)
+  return traverse_util.unflatten_dict(flat)
+
+
+# ------------------------------------------------------------------ shardings
+def adapter_shapes(model_cfg: ModelConfig, cfg: LoraConfig):
+  """ShapeDtypeStruct pytree of the adapters, without allocating them."""
+  return jax.eval_shape(
+    lambda: init_adapters(decoder.param_shapes(model_cfg), cfg, jax.random.PRNGKey(0))
+  )
+
+
+def logical_axes(model_cfg: ModelConfig, cfg: LoraConfig):
+  """PartitionSpec of logical names per adapter: W's names on the in/out dims, rank unnamed."""
+  kernel_axes = traverse_util.flatten_dict(decoder.logical_axes(model_cfg))
+  out = {}
+  for path in traverse_util.flatten_dict(adapter_shapes(model_cfg, cfg)):
+    kernel = path[:-1]
+    names = tuple(kernel_axes[kernel])
+    lead, n_in = _layout(kernel)
+    if path[-1] == "lora_a":
+      out[path] = PartitionSpec(*names[: lead + n_in], None)
+    else:
+      out[path] = PartitionSpec(*names[:lead], None, *names[lead + n_in :])
+  return traverse_util.unflatten_dict(out)
+
+
+def shardings(model_cfg: ModelConfig, cfg: LoraConfig, mesh, rules=None):
+  """NamedSharding pytree of the adapters under the logical `rules`."""
+  return sharding.tree_shardings(
+    logical_axes(model_cfg, cfg), adapter_shapes(model_cfg, cfg), mesh, rules
+  )

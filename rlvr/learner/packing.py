@@ -1,0 +1,148 @@
+"""Sequence packing: scored groups and token rows -> the arrays of a `learner.TrainBatch`.
+
+`pack_rows` lays (prompt, completion, logprobs) rows out as every update sees
+them (RL buffers and SFT alike), one sequence per row or, with `first_fit`'s bins,
+several side by side; `build_batch` turns a buffer's groups (`rollout.Group`) into
+such arrays with per-group advantages, in bucketed shapes (`bucket`) so that the
+jitted update compiles a handful of times per run.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from rlvr import objectives
+
+
+def first_fit(lengths, capacity: int) -> list[list[int]]:
+  """Sequence indices per row, packing `lengths` into rows of `capacity` tokens by
+  first-fit decreasing (longest first, ties by index, so every process gets the same
+  rows). A sequence longer than a row gets one to itself (and loses its tail)."""
+  rows, free = [], []
+  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    n = min(lengths[i], capacity)
+    for r, room in enumerate(free):
+      if room >= n:
+        rows[r].append(i)
+        free[r] -= n
+        break
+    else:
+      rows.append([i])
+      free.append(capacity - n)
+  return rows
+
+
+def pack_rows(
+  rows, n_rows: int, seq_len: int, pad_id: int = 0, bins: list[list[int]] | None = None
+) -> dict[str, np.ndarray]:
+  """(prompt ids, completion ids, completion logprobs or None[, routes]) rows -> right-padded
+  arrays (routes: a mixture of experts' [tokens, layers, k] experts per input token).
+
+  The layout every update sees (RL buffers and SFT alike): prompt, then the
+  completion (the only tokens in the loss), then padding; rows past the given
+  ones are all padding. A row longer than seq_len loses its tail.
+  bins (e.g. `first_fit`): the input sequences each array row holds, side by side
+  as segments 1, 2, ...; the arrays then add `positions_bt` (restarting at 0 with
+  each sequence) and `sequence_bt` (the input index of each token, -1 on padding).
+  """
+  packed = bins is not None
+  bins = [[i] for i in range(len(rows))] if bins is None else bins
+  if len(bins) > n_rows:
+    raise ValueError(f"pack_rows: {len(bins)} rows do not fit n_rows={n_rows}")
+  tokens = np.full((n_rows, seq_len), pad_id, np.int32)
+  seg = np.zeros((n_rows, seq_len), np.int32)
+  mask = np.zeros((n_rows, seq_len), np.float32)
+  sampler_logp = np.zeros((n_rows, seq_len), np.float32)
+  positions = np.zeros((n_rows, seq_len), np.int32)
+  sequence = np.full((n_rows, seq_len), -1, np.int32)
+  routed = [r[3] for r in rows if len(r) > 3 and r[3] is not None]
+  routes = None
+  if routed:  # mixture of experts: the sampler's experts per input token, -1 elsewhere
+    routes = np.full((n_rows, seq_len) + routed[0].shape[1:], -1, np.int32)
+  for r, members in enumerate(bins):
+    start = 0
+    for s, i in enumerate(members, 1):
+      prompt, completion, logprobs = rows[i][:3]
+      if routes is not None and len(rows[i]) > 3 and rows[i][3] is not None:
+        given = rows[i][3][: seq_len - start]
+        routes[r, start : start + len(given)] = given
+      ids = (list(prompt) + list(completion))[: seq_len - start]
+      p, end = start + len(prompt), start + len(ids)
+      tokens[r, start:end] = ids
+      seg[r, start:end] = s
+      mask[r, p:end] = 1
+      positions[r, start:end] = np.arange(end - start)
+      sequence[r, start:end] = i
+      if logprobs is not None and end > p:
+        sampler_logp[r, p:end] = logprobs[: end - p]
+      start = end
+  out = dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask, sampler_logp_bt=sampler_logp)
+  if routes is not None:
+    out["routes_bt"] = routes
+  if packed:
+    out.update(positions_bt=positions, sequence_bt=sequence)
+  return out
+
+
+def bucket(n: int, minimum: int, multiple: int = 1) -> int:
+  """`minimum` when n fits, else the next power of two >= n (a multiple of `multiple`)."""
+  b = minimum if n <= minimum else 1 << (n - 1).bit_length()
+  return -(-b // multiple) * multiple
+
+
+def build_batch(
+  groups: Sequence,
+  cfg,
+  pad_id: int,
+  *,
+  rows: int | None = None,
+  seq_len: int | None = None,
+  min_rows: int | None = None,
+) -> dict[str, np.ndarray]:
+  """Right-padded [rows, seq_len] arrays of `rollout.Group`s under a `rollout.RLConfig`:
+  prompt, then completion (in the loss), then pad.
+
+  Rows beyond the groups are padding (no loss tokens). Advantages are computed
+  within each group (`objectives.group_advantages`); groups may differ in size.
+  Default shape: cfg.rows (or `min_rows`) x cfg.seq_len, grown to the next power
+  of two when the groups need more (a larger buffer, a longer prompt), so shapes
+  stay few. With `cfg.pack` the sequences are packed side by side into rows of
+  max(cfg.pack_len, that seq_len) tokens (`first_fit`), as few rows as they
+  need rounded up to a power of two >= cfg.pack_min_rows, with per-token
+  advantages and truncation flags.
+  """
+  seqs = [(g.prompt.ids, c.token_ids, c.logprobs, c.routes) for g in groups for c in g.completions]
+  lengths = [len(s[0]) + len(s[1]) for s in seqs]
+  adv = np.zeros((len(seqs),), np.float32)
+  r = 0
+  for g in groups:
+    adv_g = np.asarray(
+      objectives.group_advantages(
+        np.asarray(g.rewards)[None], normalize_std=cfg.normalize_std, ddof=cfg.adv_std_ddof
+      )
+    )[0]
+    adv[r : r + len(adv_g)] = adv_g
+    r += len(adv_g)
+  truncated = np.array([c.finish_reason == "length" for g in groups for c in g.completions], bool)
+  seq_len = bucket(max(lengths, default=0), cfg.seq_len, 16) if seq_len is None else seq_len
+  if cfg.pack:
+    seq_len = max(seq_len, cfg.pack_len)
+    bins = first_fit(lengths, seq_len)
+    rows = bucket(len(bins), cfg.pack_min_rows) if rows is None else rows
+    arrays = pack_rows(seqs, rows, seq_len, pad_id, bins=bins)
+    index = arrays.pop("sequence_bt")
+    real = index >= 0
+    return dict(
+      arrays,
+      advantages=np.where(real, adv[index], 0.0).astype(np.float32),
+      truncated=real & truncated[index],
+    )
+  rows = bucket(len(seqs), min_rows or cfg.rows) if rows is None else rows
+  arrays = pack_rows(seqs, rows, seq_len, pad_id)
+  return dict(
+    arrays,
+    advantages=np.pad(adv, (0, rows - len(seqs))),
+    truncated=np.pad(truncated, (0, rows - len(seqs))),
+  )

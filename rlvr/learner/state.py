@@ -1,0 +1,147 @@
+"""The learner's state: `TrainState` / `LoraTrainState`, the AdamW optimizer and its
+learning-rate schedule, the state's shardings and its placement on the mesh."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from rlvr.learner import lora as lora_lib
+from rlvr.learner.config import DTYPES, LearnerConfig
+from rlvr.model import decoder
+from rlvr.model.config import ModelConfig
+from rlvr.parallel import sharding
+
+
+@flax.struct.dataclass
+class TrainState:
+  params: Any  # f32 master weights
+  opt_state: Any
+  step: jax.Array
+  rng: jax.Array
+  ref_params: Any = None  # frozen reference model, only when kl_beta > 0
+
+
+@flax.struct.dataclass
+class LoraTrainState(TrainState):
+  """The state with LoRA: params (and so opt_state) are the adapters, `base` the
+  frozen f32 weights they merge into. A subclass, so that full fine-tuning's
+  TrainState and its checkpoints keep their structure."""
+
+  base: Any = None
+
+
+# fold_in streams of TrainState.rng (its per-step chain folds in step numbers).
+LORA_INIT, LORA_DROPOUT = 0x4C6F5241, 0x4C6F5244
+
+
+def policy_params(state: TrainState, cfg: LearnerConfig):
+  """The policy's weights: `state.params`, or with LoRA the base with the adapters merged."""
+  if not isinstance(state, LoraTrainState):
+    return state.params
+  return lora_lib.merge(state.base, state.params, cfg.lora)
+
+
+def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
+  if cfg.lr_schedule == "constant":
+    if cfg.warmup_steps:
+      return optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
+    return optax.constant_schedule(cfg.learning_rate)
+  return optax.warmup_cosine_decay_schedule(
+    0.0,
+    cfg.learning_rate,
+    max(cfg.warmup_steps, 1),
+    max(cfg.total_steps, cfg.warmup_steps + 1),
+    end_value=cfg.learning_rate * cfg.min_lr_ratio,
+  )
+
+
+def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
+  parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+  parts.append(
+    optax.adamw(
+      learning_rate_schedule(cfg),
+      b1=cfg.b1,
+      b2=cfg.b2,
+      eps=cfg.adam_eps,
+      weight_decay=cfg.weight_decay,
+    )
+  )
+  return optax.chain(*parts)
+
+
+# ------------------------------------------------------------------ shardings
+def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
+  """TrainState of NamedShardings: params and their optimizer moments by the rules."""
+  tx = make_optimizer(cfg)
+  model_sh = decoder.param_shardings(model_cfg, mesh, rules)
+  if cfg.lora.rank:
+    param_sh = lora_lib.shardings(model_cfg, cfg.lora, mesh, rules)
+    shapes = lora_lib.adapter_shapes(model_cfg, cfg.lora)
+  else:
+    param_sh, shapes = model_sh, decoder.param_shapes(model_cfg)
+  rep = sharding.replicated(mesh)
+  opt_sh = optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    jax.eval_shape(tx.init, shapes),
+    param_sh,
+    transform_non_params=lambda _: rep,
+  )
+  kw = dict(
+    params=param_sh,
+    opt_state=opt_sh,
+    step=rep,
+    rng=rep,
+    ref_params=model_sh if cfg.kl_beta > 0 else None,
+  )
+  return LoraTrainState(**kw, base=model_sh) if cfg.lora.rank else TrainState(**kw)
+
+
+def new_state(params, rng, cfg: LearnerConfig) -> TrainState:
+  """Fresh TrainState: f32 master params (with LoRA: f32 base, fresh adapters as
+  params), zero optimizer moments, step 0."""
+  params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+  ref = None
+  if cfg.kl_beta > 0:
+    ref = jax.tree.map(lambda x: x.astype(DTYPES[cfg.compute_dtype]), params)
+  if cfg.lora.rank:
+    adapters = lora_lib.init_adapters(params, cfg.lora, jax.random.fold_in(rng, LORA_INIT))
+    return LoraTrainState(
+      params=adapters,
+      opt_state=make_optimizer(cfg).init(adapters),
+      step=jnp.zeros((), jnp.int32),
+      rng=rng,
+      ref_params=ref,
+      base=params,
+    )
+  return TrainState(
+    params=params,
+    opt_state=make_optimizer(cfg).init(params),
+    step=jnp.zeros((), jnp.int32),
+    rng=rng,
+    ref_params=ref,
+  )
+
+
+def reset_optimizer(state: TrainState) -> TrainState:
+  """The same state with fresh optimizer moments and counts (AdamW's init is all zeros),
+  placed as before; params and step are kept."""
+  return state.replace(opt_state=jax.tree.map(jnp.zeros_like, state.opt_state))
+
+
+def init_state(
+  model_cfg: ModelConfig, cfg: LearnerConfig, params, mesh, rng=None, rules=None
+) -> TrainState:
+  """Places params (as f32 master) and fresh optimizer state on the mesh.
+
+  rng: a raw uint32 key (`jax.random.PRNGKey`), which orbax checkpoints as is.
+  """
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  sh = state_shardings(model_cfg, cfg, mesh, rules)
+  return jax.jit(functools.partial(new_state, cfg=cfg), out_shardings=sh)(params, rng)

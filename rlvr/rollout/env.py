@@ -1,0 +1,163 @@
+"""What a method may use inside one step (`StepEnv`: sampler, scorer, encoders, reward
+shaping, with the counters the step's metrics read), the scored rollout of a batch of
+prompts (`rollout`) and the sampling seed of a generation round (`step_seed`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rlvr.rewards import shaping
+from rlvr.rollout.config import RLConfig
+from rlvr.rollout.types import Group, Prompt
+from rlvr.sampling.types import Completion, Sampler, SamplingParams
+
+# (texts, golds, prompts=None) -> (rewards, correct): prompts, the problem statement of each text
+ScoreFn = Callable[..., tuple[np.ndarray, np.ndarray]]
+GenerateFn = Callable[[list[Sequence[int]], SamplingParams], list[list[Completion]]]
+
+
+def rollout(
+  generate: GenerateFn,
+  score_fn: ScoreFn,
+  prompts: Sequence[Prompt],
+  sp: SamplingParams,
+  shape: Callable | None = None,
+) -> list[Group]:
+  """Samples sp.n responses per prompt (one generate call) and scores them.
+
+  The scorer gets each response's problem statement (`Prompt.text`) as `prompts`.
+  shape(completions, rewards) -> rewards adds shaping terms to the verifier's.
+  """
+  outs = generate([list(p.ids) for p in prompts], sp)
+  texts = [c.text for group in outs for c in group]
+  golds = [p.answer for p in prompts for _ in range(sp.n)]
+  problems = [p.text for p in prompts for _ in range(sp.n)]
+  rewards, correct = score_fn(texts, golds, prompts=problems)
+  if shape is not None:
+    rewards = shape([c for group in outs for c in group], rewards)
+  rewards = np.asarray(rewards, np.float32).reshape(len(prompts), sp.n)
+  correct = np.asarray(correct, bool).reshape(len(prompts), sp.n)
+  return [Group(p, outs[k], rewards[k], correct[k]) for k, p in enumerate(prompts)]
+
+
+def step_seed(seed: int, step: int, round_: int) -> int:
+  """Sampling seed of one generation round, stable across restarts."""
+  return (seed * 1_000_003 + step * 1009 + round_ * 7919) % (2**31)
+
+
+class StepEnv:
+  """What a method may use inside one step: sampler, scorer, encoders, the RL config.
+
+  `generate` and `score` go through here so the step tail can time them and
+  count generated tokens; `complete` is the text-in / text-out call that
+  synthesis functions take. Rollouts add the `shaping` terms to the
+  verifier's reward (`well_formed(text)` decides the format bonus).
+  `answer_of` is a task's exact answer of a problem text (procedural tasks
+  only): diagnostics, never a training signal.
+  """
+
+  def __init__(
+    self,
+    sampler: Sampler,
+    score_fn: ScoreFn,
+    *,
+    rl: RLConfig,
+    pad_id: int,
+    encode: Callable[[str], list[int]],
+    encode_task: Callable[[str], list[int]],
+    answer_of: Callable[[str], str | None] | None = None,
+    shaping_cfg: shaping.ShapingConfig | None = None,
+    well_formed: Callable[[str], bool] | None = None,
+  ):
+    self.sampler, self.rl, self.pad_id = sampler, rl, pad_id
+    self._score_fn = score_fn
+    self.encode, self.encode_task, self.answer_of = encode, encode_task, answer_of
+    self.shaping = shaping_cfg if shaping_cfg is not None and shaping_cfg.active else None
+    if self.shaping is not None and self.shaping.format_bonus and well_formed is None:
+      raise ValueError("shaping.format_bonus needs well_formed(text) to tell a final answer")
+    self.well_formed = well_formed
+    self.reset()
+
+  def reset(self) -> None:
+    self.time_sample = self.time_score = 0.0
+    self.generated_tokens = 0
+    self.prompts_too_long = 0
+    self.shaping_sums: dict[str, float] = {}
+    self.shaped = 0
+    self.verdicts: dict[str, int] = {}  # a verifier's `counts` (responses per verdict), summed
+    self.reported: tuple[list[Group], list[Group], int] | None = None
+
+  def fork(self) -> "StepEnv":
+    """The same sampler, scorer and encoders with counters of its own: one per buffer,
+    so a buffer built ahead in a worker thread counts only its own calls."""
+    env = object.__new__(StepEnv)
+    env.__dict__.update(self.__dict__)
+    env.reset()
+    return env
+
+  def report_rollouts(self, sampled: Sequence[Group], kept: Sequence[Group], rounds: int) -> None:
+    """Names the rollouts the step's metrics describe (`rollout_metrics`): the groups
+    sampled for the update, those kept, and the sampling rounds. `gather_groups`
+    reports its own; a method that builds its buffer otherwise reports what it kept
+    (the last call counts). A step that reports nothing has no rollout metrics."""
+    self.reported = (list(sampled), list(kept), rounds)
+
+  def generate(self, prompt_ids: list[Sequence[int]], sp: SamplingParams):
+    t = time.perf_counter()
+    outs = self.sampler.generate(prompt_ids, sp)
+    self.time_sample += time.perf_counter() - t
+    self.generated_tokens += sum(len(c.token_ids) for g in outs for c in g)
+    return outs
+
+  def score(self, texts: list[str], golds: list[str], prompts: list[str] | None = None):
+    t = time.perf_counter()
+    out = self._score_fn(texts, golds, prompts=prompts)
+    self.time_score += time.perf_counter() - t
+    for k, v in getattr(out, "counts", {}).items():
+      self.verdicts[k] = self.verdicts.get(k, 0) + v
+    return out
+
+  def fits(self, prompts: Sequence[Prompt]) -> list[Prompt]:
+    """The prompts of at most rl.max_prompt_len tokens; the rest are counted and dropped
+    (never cut: the learner must see the prompt the sampler saw)."""
+    kept = [p for p in prompts if len(p.ids) <= self.rl.max_prompt_len]
+    self.prompts_too_long += len(prompts) - len(kept)
+    return kept
+
+  def rollout(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[Group]:
+    """Groups of the prompts that fit (see `fits`), scored."""
+    prompts = self.fits(prompts)
+    if not prompts:
+      return []
+    return rollout(
+      self.generate,
+      self.score,
+      prompts,
+      sp,
+      shape=self._shape if self.shaping is not None else None,
+    )
+
+  def _shape(self, completions, rewards):
+    wf = (
+      [self.well_formed(c.text) for c in completions]
+      if self.shaping.format_bonus
+      else [False] * len(completions)
+    )
+    shaped, terms = shaping.shape(
+      rewards, [len(c.token_ids) for c in completions], wf, self.shaping, self.rl.max_response_len
+    )
+    for k, v in terms.items():
+      self.shaping_sums[k] = self.shaping_sums.get(k, 0.0) + float(np.sum(v))
+    self.shaped += len(completions)
+    return shaped
+
+  def complete(self, prompts: Sequence[str], sp: SamplingParams) -> list[list[Completion]]:
+    """Chat-templated task prompts (no solving instruction) -> sp.n completions each."""
+    return self.generate([self.encode_task(p) for p in prompts], sp)
+
+  def prompt(self, text: str, answer: str, source: str) -> Prompt:
+    """A solving prompt for a problem text (the run's instruction and chat template)."""
+    return Prompt(tuple(self.encode(text)), answer, text, source)

@@ -1,0 +1,249 @@
+"""The run-level sections of an experiment config, and every check made before a run starts.
+
+The library's own dataclasses (`learner.LearnerConfig`, `rollout.RLConfig`,
+`datasets.DataConfig`, `sampling.config.SamplerConfig`, ...) hold their sections'
+defaults; this module holds the sections that belong to a run as a whole (model,
+SFT, evaluation, checkpoints, logging). `check(cfg)` freezes every section, so each field's
+range is checked by its dataclass, then checks the rules that span sections; it runs
+before anything is built or trained, and each error is one line naming the fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+
+import jax
+
+from rlvr import learner, rollout
+from rlvr.common import settings
+from rlvr.data import datasets
+from rlvr.rewards import RewardConfig, shaping
+from rlvr.run import evaluation
+from rlvr.sampling.config import SamplerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+  path: str = ""  # HF dir or hub id of the policy; "" = a tiny random one
+  cache_dir: str = ""  # where tiny models are cached; "" = $RLVR_CACHE_DIR, else ~/.cache/rlvr
+  tiny: dict = dataclasses.field(default_factory=dict)  # make_tiny overrides (path "")
+
+
+def _sft_learner() -> learner.LearnerConfig:
+  return learner.LearnerConfig(learning_rate=1e-5, weight_decay=0.0, dual_clip=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  steps: int = 0  # 0 = no SFT warm start
+  batch_size: int = 64
+  learner: learner.LearnerConfig = dataclasses.field(default_factory=_sft_learner)
+  # learner.lora.rank > 0: LoRA adapters on the frozen model, exported merged (rlvr.learner.lora)
+
+  def __post_init__(self):
+    if self.steps < 0 or self.batch_size < 1:
+      raise ValueError(
+        f"steps / batch_size: must be >= 0 / >= 1, got {self.steps} / {self.batch_size}"
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+  every: int = 0  # also evaluate every N RL steps (0 = before/after only)
+  samples: bool = False  # before/after RL: every response, samples_*.jsonl
+  sampling: evaluation.EvalConfig = evaluation.EvalConfig()
+
+  def __post_init__(self):
+    if self.every < 0:
+      raise ValueError(f"every: must be >= 0 (0 = before and after RL only), got {self.every}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  every: int = 20  # RL steps between checkpoints (SFT: 10x as many)
+  keep: int = 3
+
+  def __post_init__(self):
+    if self.every < 1 or self.keep < 1:
+      raise ValueError(f"every / keep: must be >= 1, got {self.every} / {self.keep}")
+
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+  """Where a run's metrics go besides metrics.jsonl, which is always written
+  (`rlvr.run.metrics.MetricsWriter`; docs/tracking.md)."""
+
+  tensorboard: bool = True  # TensorBoard event files under workdir/tensorboard
+  wandb: bool = False  # also log to Weights & Biases (pip install wandb)
+  wandb_project: str = "rlvr"
+  wandb_entity: str = ""  # team or user; "" = wandb's default
+  wandb_name: str = ""  # the run's display name; "" = the work dir's name
+  wandb_tags: tuple[str, ...] = ()
+  wandb_mode: str = ""  # online | offline | disabled; "" = $WANDB_MODE, else online
+  wandb_dir: str = ""  # where wandb keeps its files; "" = $WANDB_DIR, else the work dir
+
+  def __post_init__(self):
+    if self.wandb_mode and self.wandb_mode not in WANDB_MODES:
+      raise ValueError(
+        f"wandb_mode: unknown {self.wandb_mode!r}; expected one of {', '.join(WANDB_MODES)} "
+        "(or empty for $WANDB_MODE)"
+      )
+
+
+# Section name -> its dataclass; `check` freezes each one under its full name.
+SECTIONS = {
+  "model": ModelSource,
+  "data": datasets.DataConfig,
+  "sampler": SamplerConfig,
+  "sft": SFTConfig,
+  "rl.loop": rollout.RLConfig,
+  "rl.learner": learner.LearnerConfig,
+  "reward": RewardConfig,
+  "shaping": shaping.ShapingConfig,
+  "eval": EvalSection,
+  "checkpoint": CheckpointConfig,
+  "logging": LoggingConfig,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """Every section of a config as its validated dataclass."""
+
+  model: ModelSource
+  data: datasets.DataConfig
+  sampler: SamplerConfig
+  sft: SFTConfig
+  rl_loop: rollout.RLConfig
+  rl_learner: learner.LearnerConfig
+  reward: RewardConfig
+  shaping: shaping.ShapingConfig
+  eval: EvalSection
+  checkpoint: CheckpointConfig
+  logging: LoggingConfig
+
+
+def _section(cfg, dotted: str):
+  node = cfg
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def _installed(module: str) -> bool:
+  return importlib.util.find_spec(module) is not None
+
+
+def check(cfg) -> Settings:
+  """All sections of `cfg` frozen and checked, then the rules that span sections."""
+  s = Settings(
+    **{
+      name.replace(".", "_"): settings.frozen(cls, _section(cfg, name), prefix=f"{name}.")
+      for name, cls in SECTIONS.items()
+    }
+  )
+  if cfg.rl.steps < 0:
+    raise ValueError(f"rl.steps: must be >= 0, got {cfg.rl.steps}")
+  every = cfg.rl.log_samples_every
+  if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+    raise ValueError(f"rl.log_samples_every: must be an integer >= 0 (0 = off), got {every!r}")
+  lc, rl = s.rl_learner, s.rl_loop
+  if lc.lora.rank:  # the RL loop samples and re-scores with state.params as the policy
+    raise ValueError(
+      "rl.learner.lora.rank: LoRA is wired into SFT only (sft.learner.lora); "
+      "RL trains the full model, leave it 0"
+    )
+  if rl.pack and lc.attention == "cudnn":
+    raise ValueError(
+      "rl.loop.pack: packed rows (several sequences per row) need "
+      "rl.learner.attention auto|dense|blockwise; cudnn takes one per row"
+    )
+  split = lc.micro_batch_rows or lc.micro_batches
+  if rl.pack and rl.pack_min_rows % split:
+    raise ValueError(
+      f"rl.loop.pack_min_rows: {rl.pack_min_rows} packed rows do not split by "
+      f"{split} (rl.learner.micro_batch_rows, or micro_batches); use a multiple"
+    )
+  if s.logging.wandb and s.logging.wandb_mode != "disabled" and not _installed("wandb"):
+    raise ValueError(  # here, not after SFT; the text of rlvr.run.metrics.WANDB_MISSING
+      "logging.wandb: the wandb package is not installed; pip install wandb "
+      "(or pip install -e '.[tracking]'), or leave logging.wandb False"
+    )
+  return s
+
+
+def check_eval_fits(
+  ecfg: evaluation.EvalConfig, context: int, prefix: str = "eval.sampling."
+) -> None:
+  """An eval response limit that leaves no room for any prompt in the model's context."""
+  if ecfg.max_tokens >= context:
+    raise ValueError(
+      f"{prefix}max_tokens: {ecfg.max_tokens} response tokens leave no room "
+      f"for a prompt in the model's {context} positions; lower it"
+    )
+
+
+def scale_down(cfg, steps: int = 2):
+  """A copy of `cfg` that runs `steps` RL steps on this machine's CPU devices.
+
+  What changes is the scale, never the method: the mesh spans the local devices, the
+  in-process JAX sampler replaces vLLM servers (a URL teacher becomes the policy), lengths,
+  prompts per step, mini-batches, eval problems and samples shrink, micro-batches and
+  packing fall to one row, and the run writes under workdir/cpu_<name>. Every setting can
+  still be overridden after it by `--config.x=...` (configs/cpu.py).
+  """
+  c = cfg.copy_and_resolve_references()
+  c.workdir = os.path.join("workdir", "cpu_" + os.path.basename(os.path.normpath(c.workdir)))
+  c.mesh = {"data": 1, "fsdp": -1, "tensor": 1}
+  c.reward_workers = 2
+  c.reward.code.workers = min(c.reward.code.workers, 4)  # sandboxes at once
+  c.sampler.kind = "jax"
+  c.rl.steps = steps
+  c.checkpoint.every = steps
+  loop_c = c.rl.loop
+  loop_c.prompts_per_step = 4
+  loop_c.max_prompt_len = min(loop_c.max_prompt_len, 512)
+  loop_c.max_response_len = min(loop_c.max_response_len, 32)
+  loop_c.ppo_mini_batch_size = 2 if loop_c.ppo_mini_batch_size else 0  # multi-step stays
+  loop_c.pack_len, loop_c.pack_min_rows = 0, jax.device_count()  # a packed row per device
+  c.rl.learner.micro_batch_rows, c.rl.learner.micro_batches = 0, 1
+  c.rl.learner.compute_dtype = "float32"
+  c.rl.learner.total_steps = steps
+  c.sft.steps = min(c.sft.steps, steps)
+  c.sft.batch_size = min(c.sft.batch_size, 8)
+  c.data.eval_limit = 8
+  c.eval.every = 0
+  ev = c.eval.sampling
+  ev.n, ev.max_tokens, ev.batch_prompts, ev.seeds = 2, 32, 16, (0,)
+  c.svs.syntheses_per_solution = 2
+  c.composition.max_steps = 1
+  q = c.qbq
+  q.rounds, q.steps_per_round, q.k, q.initial_seeds, q.select_n = 1, steps, 4, 4, 4
+  q.score_max_tokens = q.teacher_max_tokens = 32
+  if q.teacher.startswith(("http://", "https://")) or not q.teacher:
+    q.teacher = "policy"
+  return c
+
+
+def check_mesh(s: Settings, mesh_shape: dict[str, int]) -> None:
+  """Batch sizes the data-parallel devices (mesh data x fsdp x expert) do not split."""
+  dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1) * mesh_shape.get("expert", 1)
+  rl = s.rl_loop
+  sizes = [
+    ("rl.loop.pack_min_rows", rl.pack_min_rows)
+    if rl.pack
+    else ("rl.loop.prompts_per_step x group_size", rl.rows)
+  ]
+  if s.sft.steps:
+    sizes.append(("sft.batch_size", s.sft.batch_size))
+  for name, rows in sizes:
+    if rows % dp:
+      raise ValueError(
+        f"{name}: {rows} rows do not split over the {dp} data-parallel devices "
+        f"(mesh data x fsdp x expert = {dp}); use a multiple of {dp} or another mesh"
+      )

@@ -1,0 +1,363 @@
+"""A whole run as a short pipeline: set up -> SFT -> evaluate -> train -> evaluate -> summary.
+
+`run(config)` is what `launch/train.py` calls. Every phase writes into the
+work dir, and rerunning the same command resumes: a finished SFT phase is
+reloaded from `sft/model/`, RL from its last orbax checkpoint together with
+the method's own state (data position, curriculum, question bank), finished
+evaluations from `progress.json`. The RL method comes from `methods.make`;
+nothing here depends on which one it is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+
+from rlvr import learner, methods, rollout
+from rlvr import model as model_lib
+from rlvr.common import settings
+from rlvr.parallel import distributed
+from rlvr.rewards import shaping
+from rlvr.rewards.verifiers import open_verifier
+from rlvr.rollout import buffer_file
+from rlvr.run import checkpoint, evaluation, experiment, interrupt, plots, samples_log, sft
+from rlvr.run import metrics as metrics_lib
+from rlvr.run import workdir as workdir_lib
+from rlvr.run.workdir import Run
+from rlvr.sampling import JaxSampler
+
+
+def warm_start(run: Run) -> str:
+  """SFT on the run's worked solutions (resumable); returns the HF dir RL starts from."""
+  c = run.cfg
+  if c.sft.steps <= 0:
+    return run.model_dir
+  return sft.train_sft(
+    run.model_dir,
+    run.data.sft_pairs,
+    os.path.join(run.workdir, "sft"),
+    learner_cfg=settings.frozen(learner.LearnerConfig, c.sft.learner),
+    mesh=run.mesh,
+    instruction=c.data.instruction,
+    chat_template=c.data.chat_template,
+    steps=c.sft.steps,
+    batch_size=c.sft.batch_size,
+    seed=c.seed,
+    checkpoint_every=c.checkpoint.every * 10,
+    keep=c.checkpoint.keep,
+  )
+
+
+def make_sampler(run: Run, model_cfg, params, version: int = 0):
+  """The configured sampler, serving `params` as `version` (the RL step they follow)."""
+  c = run.cfg.sampler
+  if c.kind == "jax":
+    sampler = JaxSampler(model_cfg, params, run.tokenizer, mesh=run.mesh)
+    sampler.version = version
+    return sampler
+  if c.kind != "vllm":
+    raise ValueError(f"sampler.kind: unknown {c.kind!r}; expected jax|vllm")
+  from rlvr.sampling.split import ProcessSplitSampler
+  from rlvr.sampling.vllm_sampler import VLLMSampler
+
+  if not c.urls:
+    raise ValueError("sampler.urls: vllm sampler needs at least one server URL")
+  # Multi-host: each process talks to its own servers ("{process}" in a URL is its index;
+  # "localhost" is each host's own) and samples its slice of every rollout.
+  urls = [u.format(process=jax.process_index()) for u in c.urls]
+  client = VLLMSampler(
+    urls,
+    model_config=model_cfg,
+    eos_token_id=run.tokenizer.eos_token_id,
+    pad_token_id=run.pad_id,
+    sync_dir=os.path.join(run.workdir, "weights"),
+    model_name=c.model,
+    max_concurrency=c.max_concurrency,
+    sync_dtype=jnp.dtype(c.sync_dtype),
+    request_timeout_s=c.request_timeout_s,
+    retries=c.retries,
+    backoff_s=c.backoff_s,
+    api_key=c.api_key or None,  # default: $VLLM_API_KEY
+    weight_sync=c.weight_sync,  # "disk" or "transfer" (vLLM's weight-transfer API)
+    transfer_backend=c.transfer_backend,
+    transfer_host=c.transfer_host,
+    transfer_bucket_mb=c.transfer_bucket_mb,
+  )
+  client = ProcessSplitSampler(client) if jax.process_count() > 1 else client
+  client.update_weights(params, version=version)
+  return client
+
+
+def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
+  """pass@k of every eval set; with a tag, also a report under workdir/eval_<tag>."""
+  ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
+  write = tag is not None and distributed.is_writer()
+  outdir = os.path.join(run.workdir, f"eval_{tag}") if write else None
+  results = {}
+  for name, prompts in run.eval_prompts.items():
+    samples = (
+      os.path.join(outdir, f"samples_{name}.jsonl") if write and run.cfg.eval.samples else None
+    )
+    results[name] = evaluation.evaluate_set(
+      sampler,
+      prompts,
+      score_fn,
+      ecfg,
+      progress=tag is not None,
+      context=run.context,
+      samples_path=samples,
+    )
+  if write:
+    evaluation.write_report(results, outdir, f"eval {tag}")
+    for name, r in results.items():  # one line per set, after the progress bars
+      k = max(r["pass@k"], key=int)
+      skipped = f", {r['skipped_too_long']} too long skipped" if r["skipped_too_long"] else ""
+      print(
+        f"eval {tag.replace('_', ' ')}: {name} pass@1 {100 * r['pass@k'][1][0]:.1f}% "
+        f"(pass@{k} {100 * r['pass@k'][k][0]:.1f}%), {r['problems']} problems{skipped}",
+        flush=True,
+      )
+  return {name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()} for name, r in results.items()}
+
+
+def train(
+  run: Run, state, mngr, method, env: rollout.StepEnv, eval_score, update, logp_fn, meta=None
+):
+  """RL steps from the restored checkpoint's step (`meta`; None: from 0) to rl.steps;
+  checkpoints carry the method's state and are keyed by the RL step, not by the
+  optimizer's update count. With rl.loop.max_staleness=1 a checkpoint also keeps the
+  buffer built ahead for the next step (`buffer_file`), which a resumed run uses as is.
+
+  SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`).
+  """
+  from tqdm import tqdm
+
+  c = run.cfg
+  start = int(meta["step"]) if meta is not None else 0
+  ahead_dir = os.path.join(run.workdir, "checkpoints_ahead")
+  rollouts = rollout.Rollouts(
+    method, env, overlap=env.sampler.overlaps_update, last_step=c.rl.steps
+  )
+  if rollouts.ahead and not rollouts.overlap:
+    print(
+      "rl.loop.max_staleness=1: the in-process sampler shares the learner's devices, so "
+      "each buffer is built one update behind but before that update, not during it "
+      "(no overlap; a vLLM sampler overlaps)",
+      flush=True,
+    )
+  if meta is not None and meta.get("ahead_step") is not None:
+    rollouts.pending = buffer_file.load(ahead_dir, int(meta["ahead_step"]))
+  writer = metrics_lib.MetricsWriter(
+    run.workdir,
+    resume_step=start,
+    enabled=distributed.is_writer(),
+    logging=settings.frozen(experiment.LoggingConfig, c.logging, prefix="logging."),
+    config=c.to_dict(),
+  )
+  samples = samples_log.SamplesLog(  # rl.log_samples_every: workdir/samples/step_<k>.jsonl
+    run.workdir,
+    c.rl.log_samples_every,
+    resume_step=start,
+    decode=lambda ids: run.tokenizer.decode(list(ids), skip_special_tokens=True),
+    show=lambda step, rows: writer.write_table(step, "samples", rows),
+    enabled=distributed.is_writer(),
+  )
+  to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, run.mesh))
+
+  def save(step):
+    ahead = rollouts.pending
+    if ahead is not None and distributed.is_writer():
+      buffer_file.save(ahead_dir, ahead)
+    extra = {"ahead_step": ahead.step if ahead is not None else None}
+    checkpoint.save(mngr, state, {"method": method.state(), "step": step, **extra})
+    if distributed.is_writer():
+      buffer_file.prune(ahead_dir, mngr.all_steps())
+
+  if start >= c.rl.steps:  # a rerun of a finished run: no bar of the steps done before
+    print(f"RL: done before, all {c.rl.steps} steps (checkpoints under {run.workdir})")
+  bar = tqdm(
+    range(start, c.rl.steps),
+    desc=method.name,
+    unit="step",
+    initial=start,
+    total=c.rl.steps,
+    disable=start >= c.rl.steps,
+  )
+  skipped, solved = 0, []
+  with interrupt.GracefulStop("RL") as stop:
+    try:
+      for step in bar:
+        state, m = rollout.rl_step(
+          state, update, method, env, step, to_batch, logp_fn, rollouts, samples
+        )
+        skipped += m.get("skipped_update", 0)
+        solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
+        if c.eval.every and (step + 1) % c.eval.every == 0:
+          for name, scores in evaluate(run, env.sampler, eval_score).items():
+            m.update({f"{name}_{k}": v for k, v in scores.items()})
+        writer.write(step, m)
+        post = {
+          "acc": f"{m.get('accuracy', float('nan')):.2f}",
+          "ent": f"{m.get('entropy', 0):.2f}",
+          "kept": m.get("groups_kept", 0),
+        }
+        post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
+        bar.set_postfix(post)
+        stopping = stop.agreed()
+        if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stopping:
+          save(step + 1)
+        if stopping:
+          writer.close()
+          stop.exit(
+            f"after RL step {step + 1} of {c.rl.steps} (checkpoint under {run.workdir}/checkpoints)"
+          )
+    finally:
+      rollouts.close()
+  writer.close()
+  if start < c.rl.steps and skipped == c.rl.steps - start:
+    raise rollout.NoSignalError(no_update_message(solved, run.workdir))
+  return state
+
+
+def no_update_message(solved, workdir: str) -> str:
+  """The error of an invocation whose every RL step skipped its update; solved: the
+  (solve_all, solve_none) of each of its steps."""
+  solve_all, solve_none = (sum(x) / len(solved) for x in zip(*solved))
+  return (
+    f"every one of the {len(solved)} RL steps skipped its update: no group had a learning "
+    f"signal (reward variance; solve_all {solve_all:.0%}, solve_none {solve_none:.0%}); "
+    f"{rollout.no_signal_fix(solve_all, solve_none)}; see {workdir}/metrics.jsonl"
+  )
+
+
+def write_summary(run: Run, method, seconds: float) -> dict:
+  """Plots and summary.json from the metrics of all invocations."""
+  rows = metrics_lib.read_jsonl(os.path.join(run.workdir, "metrics.jsonl"))
+  name = os.path.basename(run.workdir)
+  if rows and distributed.is_writer():
+    plots.plot_metrics(
+      rows,
+      plots.TRAINING_PANELS,
+      os.path.join(run.workdir, "training.png"),
+      title=name,
+      before=run.progress.get("eval_before"),
+      after=run.progress.get("eval_after"),
+    )
+    if method.plot_keys:
+      mark = method.mark_key
+      plots.plot_metrics(
+        rows,
+        method.plot_keys,
+        os.path.join(run.workdir, f"{method.name}.png"),
+        title=f"{name}: {method.name}",
+        marks=[r["step"] + 1 for r in rows if mark and r.get(mark)],
+      )
+  reports = {
+    label: os.path.join(run.workdir, f"eval_{tag}", "eval.json")
+    for label, tag in (("before RL", "before_rl"), ("after RL", "after_rl"))
+  }
+  if distributed.is_writer() and all(os.path.exists(p) for p in reports.values()):
+    evaluation.plot_comparison(
+      {label: workdir_lib.json_file(p) for label, p in reports.items()},
+      os.path.join(run.workdir, "pass_at_k.png"),
+      name,
+    )
+  summary = {
+    "steps": run.cfg.rl.steps,
+    "eval_before_rl": run.progress["eval_before"],
+    "eval_after_rl": run.progress["eval_after"],
+    "time_s_this_invocation": round(seconds, 1),
+    "method": method.name,
+    "model_dir": run.model_dir,
+    "workdir": run.workdir,
+    **method.summary(rows),
+  }
+  return workdir_lib.json_file(os.path.join(run.workdir, "summary.json"), summary)
+
+
+def _restore_method(method, meta) -> None:
+  # Metadata without a "method" entry (an older checkpoint layout) holds only the data position.
+  method.restore(meta["method"] if "method" in meta else {"data": meta["data"]})
+  print(f"resumed {method.name} from step {meta['step']}")
+
+
+# ------------------------------------------------------------------------ run
+def run(cfg) -> dict:
+  """Runs (or resumes) the experiment described by an ml_collections config, holding the
+  work dir's lock (`fileio.workdir_lock`): a second run on the same work dir stops at
+  once with one line naming the holder's pid and host."""
+  t_start = time.time()
+  checked = experiment.check(cfg)  # every setting, before anything is built or trained
+  distributed.initialize(cfg.get("coordinator") or None)
+  workdir = os.path.abspath(cfg.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  with workdir_lib.lock(workdir):
+    return _run(cfg, checked, t_start)
+
+
+def _run(cfg, checked, t_start: float) -> dict:
+  r = workdir_lib.setup(cfg)
+  experiment.check_eval_fits(checked.eval.sampling, r.context)
+  experiment.check_mesh(checked, dict(r.mesh.shape))
+  workdir_lib.check_phases(r)
+  reward_cfg, lc = checked.reward, checked.rl_learner
+  method = methods.make(cfg, r.prompts(r.data.train, "train"))
+  with open_verifier(reward_cfg, cfg.reward_workers) as verifier:
+    verifier.check_answers(r.data.train, "data.train_path")
+    for name, exs in r.data.evals.items():
+      verifier.check_answers(exs, f"eval set {name}")
+    score, eval_score = verifier.score, verifier.for_eval().judge
+    start_dir = warm_start(r)
+    model_cfg = model_lib.ModelConfig.from_hf(start_dir)
+    mngr, state, meta = checkpoint.restore_or_init(
+      os.path.join(r.workdir, "checkpoints"),
+      model_cfg,
+      lc,
+      r.mesh,
+      lambda: model_lib.load_hf(start_dir, mesh=r.mesh)[1],
+      seed=cfg.seed,
+      keep=cfg.checkpoint.keep,
+    )
+    if meta is not None:
+      _restore_method(method, meta)
+    sampler = make_sampler(r, model_cfg, state.params, int(meta["step"]) if meta else 0)
+    if "eval_before" not in r.progress:
+      r.progress["eval_before"] = evaluate(r, sampler, eval_score, "before_rl")
+      r.save_progress()
+    else:
+      print(f"eval before RL: done before, reusing {r.workdir}/progress.json", flush=True)
+    env = rollout.StepEnv(
+      sampler,
+      score,
+      rl=settings.frozen(rollout.RLConfig, cfg.rl.loop),
+      pad_id=r.pad_id,
+      encode=r.encode,
+      encode_task=r.encode_task,
+      answer_of=r.data.answer_of,
+      shaping_cfg=settings.frozen(shaping.ShapingConfig, cfg.shaping),
+      well_formed=verifier.well_formed,
+    )
+    state = train(
+      r,
+      state,
+      mngr,
+      method,
+      env,
+      eval_score,
+      learner.make_update_fn(model_cfg, lc, r.mesh),
+      learner.make_logprob_fn(model_cfg, lc, r.mesh),
+      meta,
+    )
+    mngr.close()
+    if r.progress.get("eval_after_step") != cfg.rl.steps:
+      r.progress["eval_after"] = evaluate(r, sampler, eval_score, "after_rl")
+      r.progress["eval_after_step"] = cfg.rl.steps
+      r.save_progress()
+    if cfg.export_hf:
+      checkpoint.export_hf(
+        os.path.join(r.workdir, "policy"), model_cfg, state, tokenizer=r.tokenizer
+      )
+  return write_summary(r, method, time.time() - t_start)

@@ -1,0 +1,180 @@
+"""Supervised fine-tuning on (prompt, completion) pairs with the learner's update step.
+
+The GRPO update with advantage 1 on every completion token and the current
+policy as the old one (ratio exp(logp - sg(logp)) = 1, inside any clip range)
+has exactly the gradient of the mean completion log-likelihood, so SFT reuses
+the sharded, micro-batched, checkpointed learner unchanged. NLL is reported
+from the learner's `logp` metric.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+def sft_arrays(
+  pairs: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, pad_id: int = 0
+) -> dict[str, np.ndarray]:
+  """[rows, seq_len] right-padded prompt+completion; loss on completion tokens only."""
+  from rlvr.learner.packing import pack_rows
+
+  arrays = pack_rows([(p, c, None) for p, c in pairs], len(pairs), seq_len, pad_id)
+  del arrays["sampler_logp_bt"]  # no sampler: no mismatch metrics
+  return dict(arrays, advantages=np.ones((len(pairs),), np.float32))
+
+
+def run_sft(
+  state,
+  update_fn,
+  pairs,
+  *,
+  steps: int,
+  batch_size: int,
+  seq_len: int,
+  to_batch: Callable,
+  seed: int = 0,
+  pad_id: int = 0,
+  start_step: int = 0,
+  on_step: Callable[[int, dict], None] | None = None,
+  progress: bool = True,
+):
+  """`steps` updates on batches drawn epoch-wise (seeded shuffles) from `pairs`."""
+  from rlvr.data.stream import DataStream
+
+  stream = DataStream(len(pairs), seed, position=start_step * batch_size)
+  it = range(start_step, steps)
+  if progress:
+    from tqdm import tqdm
+
+    it = tqdm(it, desc="sft", unit="step", initial=start_step, total=steps)
+  for step in it:
+    batch = sft_arrays([pairs[i] for i in stream.next_indices(batch_size)], seq_len, pad_id)
+    state, m = update_fn(state, to_batch(batch))
+    m = {
+      "nll": -float(m["logp"]),
+      "grad_norm": float(m["grad_norm"]),
+      "lr": float(m["lr"]),
+      "tokens": float(m["tokens"]),
+    }
+    if progress:
+      it.set_postfix(nll=f"{m['nll']:.3f}")
+    if on_step is not None:
+      on_step(step, m)
+  return state
+
+
+def train_sft(
+  model_dir: str,
+  pairs_text: Sequence[tuple[str, str]],
+  workdir: str,
+  *,
+  learner_cfg,
+  mesh,
+  instruction: str = "",
+  chat_template: str = "",
+  steps: int,
+  batch_size: int,
+  seed: int = 0,
+  checkpoint_every: int = 100,
+  keep: int = 2,
+  progress: bool = True,
+) -> str:
+  """SFT of the HF model in `model_dir` on (problem text, completion text) pairs.
+
+  Prompts go through the chat template `chat_template` names (`rlvr.data.prompts.format_prompt`;
+  "" the tokenizer's own, as RL renders them with `data.chat_template`), completions
+  end with the tokenizer's EOS. Checkpoints (orbax) every `checkpoint_every`
+  steps under workdir/checkpoints and resumes from them; writes per-step
+  metrics to workdir/metrics.jsonl and the result as an HF dir workdir/model,
+  which it returns (and reuses when already complete). With
+  `learner_cfg.lora.rank > 0` only LoRA adapters train (on the frozen model)
+  and workdir/model is the base with them merged in (`rlvr.learner.lora`).
+  """
+  import os
+
+  import jax
+  from transformers import AutoTokenizer
+
+  from rlvr import learner
+  from rlvr import model as model_lib
+  from rlvr.data.prompts import format_prompt
+  from rlvr.parallel import distributed
+  from rlvr.run import checkpoint, interrupt
+  from rlvr.run import metrics as metrics_lib
+
+  out_dir = os.path.join(workdir, "model")
+  if os.path.exists(os.path.join(out_dir, "config.json")):
+    print(f"SFT: done before, reusing {out_dir}", flush=True)
+    return out_dir
+  tok = AutoTokenizer.from_pretrained(model_dir)
+  pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+  pairs = [
+    (
+      format_prompt(tok, p, instruction, chat_template),
+      tok.encode(c + tok.eos_token, add_special_tokens=False),
+    )
+    for p, c in pairs_text
+  ]
+  if not pairs:
+    raise ValueError(
+      "train_sft: no (prompt, completion) pairs; give rows with a worked "
+      "`solution` (config: data.sft_path) or skip SFT (sft.steps=0)"
+    )
+  seq_len = -(-max(len(p) + len(c) for p, c in pairs) // 16) * 16
+  m_cfg = model_lib.ModelConfig.from_hf(model_dir)
+  mngr, state, _ = checkpoint.restore_or_init(
+    os.path.join(workdir, "checkpoints"),
+    m_cfg,
+    learner_cfg,
+    mesh,
+    lambda: model_lib.load_hf(model_dir, mesh=mesh)[1],
+    seed=seed,
+    keep=keep,
+  )
+  start = int(jax.device_get(state.step))
+  if start:
+    print(f"resumed SFT from step {start}", flush=True)
+  update = learner.make_update_fn(m_cfg, learner_cfg, mesh)
+  writer = metrics_lib.MetricsWriter(
+    workdir, resume_step=start, tensorboard=False, enabled=distributed.is_writer()
+  )
+  to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, mesh))
+
+  def on_step(step, m):
+    writer.write(step, m)
+    stopping = stop.agreed()
+    if ((step + 1) % checkpoint_every == 0 or stopping) and step + 1 < steps:
+      checkpoint.save(mngr, state_ref[0], {"sft_step": step + 1})
+    if stopping and step + 1 < steps:
+      writer.close()
+      stop.exit(f"after SFT step {step + 1} of {steps} (checkpoint under {workdir}/checkpoints)")
+
+  # run_sft hands back only the final state; keep a reference for checkpoints.
+  state_ref = [state]
+
+  def update_and_keep(s, batch):
+    s, m = update(s, batch)
+    state_ref[0] = s
+    return s, m
+
+  with interrupt.GracefulStop("SFT") as stop:
+    state = run_sft(
+      state,
+      update_and_keep,
+      pairs,
+      steps=steps,
+      batch_size=batch_size,
+      seq_len=seq_len,
+      to_batch=to_batch,
+      seed=seed,
+      pad_id=pad_id,
+      start_step=start,
+      on_step=on_step,
+      progress=progress,
+    )
+  writer.close()
+  mngr.close()
+  checkpoint.export_hf(out_dir, m_cfg, state, tokenizer=tok, cfg=learner_cfg)  # LoRA: merged
+  return out_dir

@@ -1,5 +1,0 @@
-"""Procedural tasks with exact answers, for runs that need no downloaded data."""
-
-from rlvr.tasks import arithmetic
-
-__all__ = ["arithmetic"]
