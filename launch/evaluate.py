@@ -105,7 +105,8 @@ def main(argv):
 
   from rlvr import model
   from rlvr.common import settings
-  from rlvr.data import chat_templates, prompts
+  from rlvr.data import chat_templates
+  from rlvr.data import prompts as prompt_lib
   from rlvr.data import readers as data_lib
   from rlvr.rewards import RewardConfig
   from rlvr.rewards.verifiers import open_verifier
@@ -173,7 +174,7 @@ def main(argv):
   ecfg = dataclasses.replace(ecfg, seeds=tuple(int(s) for s in ecfg.seeds))
   instruction = pick("instruction", run_cfg.data.instruction if run_cfg else None)
   if instruction is None:
-    instruction = prompts.DEFAULT_INSTRUCTION
+    instruction = prompt_lib.DEFAULT_INSTRUCTION
   run_template = run_cfg.data.get("chat_template", "") if run_cfg else ""
   chat_template = pick("chat_template", run_template) or ""
   try:
@@ -201,10 +202,10 @@ def main(argv):
       verifier.check_answers(exs, f"eval set {name}")
       told = instruction
       if name == "humaneval" and not FLAGS["instruction"].present:
-        told = prompts.CODE_INSTRUCTION
+        told = prompt_lib.CODE_INSTRUCTION
       prompts = [
         Prompt(
-          tuple(prompts.format_prompt(tok, e.problem, told, chat_template)),
+          tuple(prompt_lib.format_prompt(tok, e.problem, told, chat_template)),
           e.answer,
           e.problem,
           name,

@@ -24,7 +24,7 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 # A process that takes the lock through the library and holds it until its stdin closes.
 HOLD = (
   "import sys\n"
-  "from rlvr import fileio\n"
+  "from rlvr.common import fileio\n"
   "with fileio.workdir_lock(sys.argv[1]):\n"
   "  print('held', flush=True)\n"
   "  sys.stdin.read()\n"
