@@ -12,7 +12,7 @@ import os
 
 import ml_collections
 
-from rlvr import learner, rollout
+from rlvr import envs, learner, rollout
 from rlvr.common import settings
 from rlvr.data import datasets, prompts
 from rlvr.methods import qbq as qbq_method
@@ -60,6 +60,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.reward = settings.section(RewardConfig)  # verifier: answer extraction and matching
   c.shaping = settings.section(shaping.ShapingConfig)  # format bonus, DAPO overlong penalty
+  # What the policy acts in: one response per prompt, or episodes with a python tool
+  c.env = settings.section(envs.EnvConfig)
 
   c.eval = settings.section(experiment.EvalSection)  # before / after RL, every N steps
   c.checkpoint = settings.section(experiment.CheckpointConfig)

@@ -75,6 +75,12 @@ flags.DEFINE_string(
   "Prompt template: '' (the tokenizer's), 'none' (raw text), 'chatml', or a Jinja file "
   "(default: the run's data.chat_template, else '').",
 )
+flags.DEFINE_string(
+  "env",
+  "single_turn",
+  "The environment each sample is an episode of: single_turn, python_tool or "
+  "package.module:function (default with --run: the run's env section).",
+)
 flags.DEFINE_bool("integer_answers", False, "AIME-style integer answer matching.")
 flags.DEFINE_list(
   "vllm_urls",
@@ -103,7 +109,7 @@ def main(argv):
 
   from transformers import AutoTokenizer
 
-  from rlvr import model
+  from rlvr import envs, model
   from rlvr.common import settings
   from rlvr.data import chat_templates
   from rlvr.data import prompts as prompt_lib
@@ -186,6 +192,15 @@ def main(argv):
   default_domain = FLAGS.domain or rcfg.domain
   domains = {name: domains.get(name, default_domain) for name in sets}
   workdir = pick("workdir", os.path.join(FLAGS.run or "", "eval_again"))
+  # Episodes in the run's environment (env section), or the one --env names.
+  env_cfg = envs.EnvConfig()
+  if run_cfg is not None and "env" in run_cfg:
+    env_cfg = settings.frozen(envs.EnvConfig, run_cfg.env, prefix="env.")
+  env_cfg = dataclasses.replace(env_cfg, name=pick("env", env_cfg.name))
+  try:
+    episodes = envs.episodes_for(env_cfg, envs.make(env_cfg), tok)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   results = {}
   with (
     oom.reported("launch.evaluate", "evaluation", "lower --batch_prompts, --max_tokens or --n"),
@@ -221,6 +236,7 @@ def main(argv):
         progress=True,
         context=cfg.max_position_embeddings,
         samples_path=samples,
+        episodes=episodes,
       )
   report = evaluation.write_report(results, workdir, f"eval {model_dir}")
   print(open(report["markdown"]).read())

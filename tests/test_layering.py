@@ -110,9 +110,11 @@ FOLDERS = {
   "rlvr.model": ("rlvr.common", "rlvr.data", "rlvr.parallel"),
   "rlvr.sampling": ("rlvr.common", "rlvr.model", "rlvr.parallel"),
   "rlvr.learner": ("rlvr.common", "rlvr.model", "rlvr.objectives", "rlvr.parallel"),
+  "rlvr.envs": ("rlvr.common", "rlvr.rewards", "rlvr.sampling"),
   "rlvr.rollout": (
     "rlvr.common",
     "rlvr.data",
+    "rlvr.envs",
     "rlvr.learner",
     "rlvr.model",
     "rlvr.objectives",
@@ -123,6 +125,7 @@ FOLDERS = {
   "rlvr.methods": (
     "rlvr.common",
     "rlvr.data",
+    "rlvr.envs",
     "rlvr.model",
     "rlvr.objectives",
     "rlvr.parallel",
@@ -179,6 +182,8 @@ def test_a_folder_imports_only_the_folders_below_it(folder):
         "rlvr.rewards.shaping",
         "rlvr.rewards",
         "rlvr.sampling.config",
+        "rlvr.envs",
+        "rlvr.common.named",
       ),
     ),
     ("rlvr.common.named", ()),

@@ -139,9 +139,10 @@ def test_staleness_above_one_and_sampler_old_logprobs_are_refused():
     dataclasses.replace(RL, max_staleness=1, old_logp="sampler")
 
 
-def _command(workdir, vllm_server, served_model_dir, steps):
+def _command(workdir, vllm_server, served_model_dir, steps, *flags):
   return [
     *tiny_rlvr_on_server(workdir, vllm_server, served_model_dir),
+    *flags,
     "--config.sampler.weight_sync=transfer",
     "--config.data.arithmetic.n_sft=64",
     "--config.data.arithmetic.n_train=64",
@@ -157,7 +158,11 @@ def _command(workdir, vllm_server, served_model_dir, steps):
   ]
 
 
-_ENV = dict(os.environ, JAX_PLATFORMS="cpu")
+_ENV = dict(  # tests/ on the path: echo_env, an environment defined outside the library
+  os.environ,
+  JAX_PLATFORMS="cpu",
+  PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]),
+)
 
 
 def _train(workdir, *args):
@@ -170,11 +175,18 @@ def _train(workdir, *args):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("environment", ["single_turn", "echo_env:make"])
 def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
-  vllm_server, served_model_dir, tmp_path
+  vllm_server, served_model_dir, tmp_path, environment
 ):
+  """Also with multi-turn episodes of a user's environment (tests/echo_env.py): the buffer
+  kept with the checkpoint holds their masks, and the resumed run is the same run."""
   steps = 6
-  _, full = _train(tmp_path / "full", vllm_server, served_model_dir, steps)
+  flags = [f"--config.env.name={environment}", "--config.env.max_total_tokens=120"]
+  _, full = _train(tmp_path / "full", vllm_server, served_model_dir, steps, *flags)
+  if environment != "single_turn":
+    assert sum(r["turns_mean"] for r in full) / steps > 1
+    assert sum(r["obs_tokens_frac"] for r in full) > 0
   assert [r["staleness_mean"] for r in full] == [0.0] + [1.0] * (steps - 1)
   assert all(r["overlap_frac"] > 0 for r in full[:-1])  # sampled in a thread during updates
   # The same command, killed by SIGKILL once the step-2 checkpoint (with step 2's buffer,
@@ -183,7 +195,7 @@ def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
   cut = tmp_path / "cut"
   run_copies.start_from_sft(tmp_path / "full", cut)
   proc = subprocess.Popen(
-    _command(cut, vllm_server, served_model_dir, steps),
+    _command(cut, vllm_server, served_model_dir, steps, *flags),
     cwd=REPO,
     env=_ENV,
     stdout=subprocess.DEVNULL,
@@ -197,7 +209,7 @@ def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == -signal.SIGKILL, err[-3000:]
   assert os.path.exists(cut / "checkpoints_ahead" / "step_2.npz")
-  log, resumed = _train(cut, vllm_server, served_model_dir, steps)
+  log, resumed = _train(cut, vllm_server, served_model_dir, steps, *flags)
   assert "resumed rlvr from step 2" in log
   assert [r["step"] for r in resumed] == list(range(steps))
   for a, b in zip(full, resumed):

@@ -60,6 +60,8 @@ RUN_HERE = {
   "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make": "test_train_with_the_readme_method_from_outside_the_library",
   "python -m launch.train --config=configs/tiny_composition.py": "test_composition_curriculum_at_embedded_scale",
   "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:score": "test_train_with_the_readme_reward_from_outside_the_library",
+  "python -m launch.train --config=configs/tiny_rlvr.py --config.env.name=my_env:make": "test_train_with_the_readme_environment_from_outside_the_library",
+  "python -m launch.train --config=configs/tiny_tool.py": "test_tiny_tool_calls_the_python_tool",
 }
 # The README's main command and `evaluate --run` (docs/launch.md): the embedded default end to
 # end (SFT, eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
@@ -495,6 +497,64 @@ def test_train_with_the_readme_reward_from_outside_the_library(tmp_path):
   assert -0.1 <= row["reward_mean"] <= 1.0
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["steps"] == 1 and "heldout" in summary["eval_after_rl"]
+
+
+@pytest.mark.slow
+def test_train_with_the_readme_environment_from_outside_the_library(tmp_path):
+  """The README's my_env.py block, saved as printed and put on PYTHONPATH: every rollout and
+  evaluation runs in it (an untrained policy never closes a call: one turn each)."""
+  [command] = readme(
+    "python -m launch.train --config=configs/tiny_rlvr.py --config.env.name=my_env:make"
+  )
+  [block] = [
+    b for b in re.findall(r"```python\n(.*?)```", _readme(), re.S) if b.startswith("# my_env.py")
+  ]
+  (tmp_path / "my_env.py").write_text(block)
+  workdir = tmp_path / "run"
+  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+  run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]), env=env)
+  [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert row["turns_mean"] >= 1 and row["tool_calls_mean"] >= 0  # episode metrics: in an env
+  # The block's environment answers as its comments say.
+  sys.path.insert(0, str(tmp_path))
+  try:
+    import my_env
+  finally:
+    sys.path.remove(str(tmp_path))
+  from rlvr import envs
+
+  calc = my_env.make(envs.EnvConfig(name="my_env:make"))
+  episode = envs.Episode("")
+  assert calc.observe(episode, "so <calc>12*7</calc>") == " = 84"
+  assert calc.observe(episode, "<calc>2**99</calc>") == " = ?" and episode.tool_calls == 2
+
+
+@pytest.mark.slow
+def test_tiny_tool_calls_the_python_tool(tmp_path):
+  """configs/tiny_tool.py scaled down: a short SFT on worked solutions that call the tool,
+  then one GRPO step whose episodes run blocks in the sandbox."""
+  [command] = readme("python -m launch.train --config=configs/tiny_tool.py")
+  workdir = tmp_path / "run"
+  flags = [
+    "--config.sft.steps=150",
+    "--config.sft.learner.total_steps=150",
+    "--config.data.arithmetic.n_sft=300",
+    "--config.data.arithmetic.n_train=16",
+    "--config.data.arithmetic.n_heldout=4",
+    "--config.eval.sampling.n=2",
+    "--config.rl.steps=1",
+    "--config.rl.loop.prompts_per_step=4",
+    "--config.rl.loop.dynamic_sampling=False",
+    "--config.rl.log_samples_every=1",
+    "--config.export_hf=False",
+  ]
+  run(argv(command, extra=[f"--workdir={workdir}", *flags]), timeout=900)
+  [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert row["tool_calls_mean"] > 0 and row["obs_tokens_frac"] > 0, row
+  samples = [json.loads(l) for l in (workdir / "samples" / "step_0.jsonl").read_text().splitlines()]
+  called = [s for s in samples if s["tool_calls"]]
+  assert called and all(["env"] == [k for k, _ in s["spans"][1:2]] for s in called)
+  assert all("```output" in s["spans"][0][1] for s in called)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER = sorted(
   f[:-3]
   for f in os.listdir(os.path.join(REPO, "configs"))
-  if f.startswith(("rlvr_", "svs_", "composition_", "qbq_"))
+  if f.startswith(("rlvr_", "svs_", "composition_", "qbq_", "torl_"))
   and f != "svs_ablations.py"
   and "primerl" not in f  # code configs: tests/test_code_domain.py, with a code policy
 )
@@ -75,7 +75,8 @@ def test_a_paper_config_scaled_down_runs_two_steps(name, arithmetic_policy, data
   c.model.path = policy_dir
   c.data.train_path, c.data.extra_train_paths = data_files["train"], []
   c.data.eval_paths = [data_files["heldout"]]
-  c.data.instruction = ""  # the SFT'd policy's prompt format
+  c.data.instruction = ""  # the SFT'd policy's prompt format (its chat template, no
+  c.data.chat_template = ""  # instruction; ToRL's base-model config renders none)
   c.reward.integer_answers = True
   c.composition.depths = (1, 2)
   c.qbq.integer_answers = True

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 
+import echo_env
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr import model
+from rlvr import envs, model
 from rlvr.sampling import JaxSampler, SamplingParams
 from rlvr.sampling.vllm_sampler import (
   EngineDeadError,
@@ -102,6 +103,34 @@ def test_sampled_logprobs_match_ours(client):
     PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=0, ignore_eos=True)
   )
   assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in outs]
+
+
+def test_episodes_continue_from_their_token_prefix(client, served_model_dir):
+  """Multi-turn episodes over the server: each turn is sampled from the prompt + trajectory
+  token ids (never re-encoded text), and the episode is those turns' tokens with the
+  observations between them; the policy's tokens' logprobs are our model's (1e-3, as
+  for single responses above)."""
+  from transformers import AutoTokenizer
+
+  sampler, cfg, params = client
+  tok = AutoTokenizer.from_pretrained(served_model_dir)
+  prompts = [tok.encode("Compute 3+4"), tok.encode("Compute 12+7")]
+  turns = echo_env.check_trajectories(sampler.generate, tok, prompts, budget=_WIDTH - 4)
+  assert max(turns) > 1
+  # Each whole episode scored by our model at once: the policy's tokens carry the
+  # sampler's logprobs.
+  runner = envs.Episodes(
+    echo_env.Echo(None),
+    envs.EnvConfig(name="echo_env:make", max_turns=4, max_total_tokens=_WIDTH - 4),
+    decode=lambda ids: tok.decode(list(ids), skip_special_tokens=True),
+    encode=lambda t: tok(t, add_special_tokens=False)["input_ids"],
+  )
+  outs = runner.generate(sampler.generate, prompts, SamplingParams(n=2, max_tokens=24, seed=9))
+  for prompt, row in zip(prompts, outs):
+    for ep in row:
+      ours = _our_logprobs(params, cfg, prompt, ep.token_ids)
+      mask = np.asarray(ep.loss_mask, bool)
+      assert np.abs(np.asarray(ep.logprobs)[mask] - ours[mask]).max() <= 1e-3
 
 
 def test_weight_sync_serves_new_params_even_for_cached_prefixes(client):

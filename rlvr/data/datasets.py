@@ -40,7 +40,7 @@ def humaneval_examples() -> list[data_lib.Example]:
 BUNDLED_EVALS = {"humaneval": humaneval_examples}
 
 KINDS = ("files", "arithmetic")
-ANSWER_FORMS = ("boxed", "program")
+ANSWER_FORMS = ("boxed", "program", "tool")
 BAD_ROW_POLICIES = ("skip", "error")
 
 
@@ -59,8 +59,9 @@ class ArithmeticConfig:
   depths: tuple[int, ...] = (1,)  # composed problems of these depths
   # (rlvr.data.tasks.composed); sizes above are per depth
   pool_size: int = 20  # surrogate pool per position 1..K-1
-  answer: str = "boxed"  # "boxed" (\\boxed{33}) or "program" (worked steps, then a python
-  # block printing the result, scored in the sandbox: reward.domain = "code")
+  answer: str = "boxed"  # "boxed" (\\boxed{33}), "program" (worked steps, then a python
+  # block printing the result, scored in the sandbox: reward.domain = "code") or "tool"
+  # (SFT solutions run a python block and box its output: env.name = "python_tool")
 
   def __post_init__(self):
     for name in ("difficulty", "max_operand", "pool_size"):
@@ -71,8 +72,8 @@ class ArithmeticConfig:
         raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
     if self.answer not in ANSWER_FORMS:
       raise ValueError(f"answer: unknown {self.answer!r}; expected one of {ANSWER_FORMS}")
-    if self.answer == "program" and tuple(self.depths) != (1,):
-      raise ValueError(f"answer: 'program' needs depths (1,), got {tuple(self.depths)}")
+    if self.answer != "boxed" and tuple(self.depths) != (1,):
+      raise ValueError(f"answer: {self.answer!r} needs depths (1,), got {tuple(self.depths)}")
     if not self.depths or min(self.depths) < 1 or min(self.sft_difficulties, default=1) < 1:
       raise ValueError(
         f"depths / sft_difficulties: each must be >= 1 (and depths not empty), "
@@ -154,13 +155,17 @@ def _arithmetic(d, seed: int) -> RunData:
   if t.answer == "program":
     train, heldout = [[arithmetic.as_program(p) for p in ps] for ps in (train, heldout)]
     answer_of = lambda text: arithmetic.program_tests(arithmetic.answer_of(text))
+  elif t.answer == "tool":
+    train, heldout = [[arithmetic.with_tool(p) for p in ps] for ps in (train, heldout)]
   sft = [(p.problem, p.solution) for p in train[: t.n_sft]]
   if t.inverse_pairs:
     sft += [arithmetic.inverse_pair(p) for p in train[: t.n_sft]]
   for extra in t.sft_difficulties:  # worked solutions of other lengths (QbQ's
     more, _ = arithmetic.make_splits(t.n_sft, 0, extra, seed, max_operand=t.max_operand)
-    if t.answer == "program":
-      more = [arithmetic.as_program(p) for p in more]
+    if t.answer != "boxed":
+      more = [
+        (arithmetic.as_program if t.answer == "program" else arithmetic.with_tool)(p) for p in more
+      ]
     sft += [(p.problem, p.solution) for p in more]  # variants add or drop operations)
   return RunData(
     sft,

@@ -37,12 +37,13 @@ def first_fit(lengths, capacity: int) -> list[list[int]]:
 def pack_rows(
   rows, n_rows: int, seq_len: int, pad_id: int = 0, bins: list[list[int]] | None = None
 ) -> dict[str, np.ndarray]:
-  """(prompt ids, completion ids, completion logprobs or None[, routes]) rows -> right-padded
-  arrays (routes: a mixture of experts' [tokens, layers, k] experts per input token).
+  """(prompt ids, completion ids, completion logprobs or None[, routes[, loss mask]]) rows ->
+  right-padded arrays (routes: a mixture of experts' [tokens, layers, k] experts per input
+  token; loss mask: a multi-turn episode's, 0 on the environment's observations).
 
   The layout every update sees (RL buffers and SFT alike): prompt, then the
-  completion (the only tokens in the loss), then padding; rows past the given
-  ones are all padding. A row longer than seq_len loses its tail.
+  completion (the only tokens in the loss, less an episode's observations), then
+  padding; rows past the given ones are all padding. A row longer than seq_len loses its tail.
   bins (e.g. `first_fit`): the input sequences each array row holds, side by side
   as segments 1, 2, ...; the arrays then add `positions_bt` (restarting at 0 with
   each sequence) and `sequence_bt` (the input index of each token, -1 on padding).
@@ -65,6 +66,7 @@ def pack_rows(
     start = 0
     for s, i in enumerate(members, 1):
       prompt, completion, logprobs = rows[i][:3]
+      turns = rows[i][4] if len(rows[i]) > 4 else None  # 0 on an episode's observations
       if routes is not None and len(rows[i]) > 3 and rows[i][3] is not None:
         given = rows[i][3][: seq_len - start]
         routes[r, start : start + len(given)] = given
@@ -72,7 +74,7 @@ def pack_rows(
       p, end = start + len(prompt), start + len(ids)
       tokens[r, start:end] = ids
       seg[r, start:end] = s
-      mask[r, p:end] = 1
+      mask[r, p:end] = 1 if turns is None else np.asarray(turns[: end - p], np.float32)
       positions[r, start:end] = np.arange(end - start)
       sequence[r, start:end] = i
       if logprobs is not None and end > p:
@@ -113,7 +115,11 @@ def build_batch(
   need rounded up to a power of two >= cfg.pack_min_rows, with per-token
   advantages and truncation flags.
   """
-  seqs = [(g.prompt.ids, c.token_ids, c.logprobs, c.routes) for g in groups for c in g.completions]
+  seqs = [
+    (g.prompt.ids, c.token_ids, c.logprobs, c.routes, c.loss_mask)
+    for g in groups
+    for c in g.completions
+  ]
   lengths = [len(s[0]) + len(s[1]) for s in seqs]
   adv = np.zeros((len(seqs),), np.float32)
   r = 0

@@ -98,7 +98,7 @@ def buffer_advantages(groups: Sequence, cfg) -> list[np.ndarray]:
   return objectives.advantages(
     cfg.advantage_estimator,
     [g.rewards for g in groups],
-    [np.array([len(c.token_ids) for c in g.completions]) for g in groups],
+    [np.array([c.policy_tokens for c in g.completions]) for g in groups],
     cfg.adv_std_ddof,
   )
 

@@ -152,7 +152,7 @@ class QbQ(Method):
     # Correctness only: no shaping terms, so a step's shaping metrics describe its update's
     # rollouts whether or not this stage ran in it (a resumed run may load it instead).
     kept = [p for p, ok in zip(prompts, fits) if ok]
-    groups = iter(rollout.rollout(env.generate, env.score, kept, sp) if kept else [])
+    groups = iter(rollout.rollout(env.solve, env.score, kept, sp) if kept else [])
     return [
       dict(dataclasses.asdict(v), n=int(next(groups).correct.sum()) if ok else None)
       for v, ok in zip(items, fits)

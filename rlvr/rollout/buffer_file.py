@@ -49,7 +49,9 @@ def save(directory: str, buf: Buffer) -> str:
         "prompt": [list(g.prompt.ids), g.prompt.answer, g.prompt.text, g.prompt.source],
         "rewards": g.rewards.astype(np.float32).tolist(),
         "correct": g.correct.astype(bool).tolist(),
-        "completions": [[c.text, c.finish_reason, c.weight_version] for c in g.completions],
+        "completions": [
+          [c.text, c.finish_reason, c.weight_version, c.loss_mask, c.info] for c in g.completions
+        ],
         "tags": g.tags,
       }
       for g in buf.groups
@@ -79,14 +81,26 @@ def load(directory: str, step: int) -> Buffer:
   k, r, groups = 0, 0, []
   for g in meta["groups"]:
     comps = []
-    for text, finish, version in g["completions"]:
+    for text, finish, version, *episode in g["completions"]:
+      mask, info = episode or (None, None)  # a multi-turn episode's (`rlvr.envs`)
       a, b = int(starts[k]), int(ends[k])
       lp = tuple(float(x) for x in logps[a:b]) if meta["with_logprobs"] else None
       rt = None
       if meta.get("with_routes"):
         n = len(g["prompt"][0]) + b - a
         rt, r = routes[r : r + n], r + n
-      comps.append(Completion(tuple(int(t) for t in ids[a:b]), lp, text, finish, version, rt))
+      comps.append(
+        Completion(
+          tuple(int(t) for t in ids[a:b]),
+          lp,
+          text,
+          finish,
+          version,
+          rt,
+          tuple(mask) if mask is not None else None,
+          info,
+        )
+      )
       k += 1
     ids_, answer, text, source = g["prompt"]
     groups.append(

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rlvr.envs.metrics import episode_metrics
 from rlvr.rollout import stats
 from rlvr.rollout.config import RLConfig
 from rlvr.rollout.env import StepEnv, step_seed
@@ -88,4 +89,5 @@ def rollout_metrics(
       "sample_rounds": rounds,
     }
   )
+  out.update(episode_metrics([c for g in sampled for c in g.completions]))
   return out

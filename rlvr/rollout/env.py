@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rlvr import envs
 from rlvr.rewards import shaping
 from rlvr.rollout.config import RLConfig
 from rlvr.rollout.types import Group, Prompt
@@ -17,21 +18,23 @@ from rlvr.sampling.types import Completion, Sampler, SamplingParams
 # (texts, golds, prompts=None) -> (rewards, correct): prompts, the problem statement of each text
 ScoreFn = Callable[..., tuple[np.ndarray, np.ndarray]]
 GenerateFn = Callable[[list[Sequence[int]], SamplingParams], list[list[Completion]]]
+# (prompts, params) -> params.n completions (or episodes) per prompt: `StepEnv.solve`
+SolveFn = Callable[[Sequence[Prompt], SamplingParams], list[list[Completion]]]
 
 
 def rollout(
-  generate: GenerateFn,
+  solve: SolveFn,
   score_fn: ScoreFn,
   prompts: Sequence[Prompt],
   sp: SamplingParams,
   shape: Callable | None = None,
 ) -> list[Group]:
-  """Samples sp.n responses per prompt (one generate call) and scores them.
+  """Samples sp.n responses (or episodes: `StepEnv.solve`) per prompt and scores them.
 
   The scorer gets each response's problem statement (`Prompt.text`) as `prompts`.
   shape(completions, rewards) -> rewards adds shaping terms to the verifier's.
   """
-  outs = generate([list(p.ids) for p in prompts], sp)
+  outs = solve(prompts, sp)
   texts = [c.text for group in outs for c in group]
   golds = [p.answer for p in prompts for _ in range(sp.n)]
   problems = [p.text for p in prompts for _ in range(sp.n)]
@@ -71,8 +74,10 @@ class StepEnv:
     answer_of: Callable[[str], str | None] | None = None,
     shaping_cfg: shaping.ShapingConfig | None = None,
     well_formed: Callable[[str], bool] | None = None,
+    episodes: envs.Episodes | None = None,
   ):
     self.sampler, self.rl, self.pad_id = sampler, rl, pad_id
+    self.episodes = episodes
     self._score_fn = score_fn
     self.encode, self.encode_task, self.answer_of = encode, encode_task, answer_of
     self.shaping = shaping_cfg if shaping_cfg is not None and shaping_cfg.active else None
@@ -112,6 +117,11 @@ class StepEnv:
     self.generated_tokens += sum(len(c.token_ids) for g in outs for c in g)
     return outs
 
+  def solve(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[list[Completion]]:
+    """sp.n attempts at each prompt: one response each, or with a multi-turn environment
+    (`rlvr.envs`, the `env` section) one episode each, as one `Completion`."""
+    return envs.solve(self.generate, self.episodes, prompts, sp)
+
   def score(self, texts: list[str], golds: list[str], prompts: list[str] | None = None):
     t = time.perf_counter()
     out = self._score_fn(texts, golds, prompts=prompts)
@@ -133,7 +143,7 @@ class StepEnv:
     if not prompts:
       return []
     return rollout(
-      self.generate,
+      self.solve,
       self.score,
       prompts,
       sp,
@@ -147,7 +157,7 @@ class StepEnv:
       else [False] * len(completions)
     )
     shaped, terms = shaping.shape(
-      rewards, [len(c.token_ids) for c in completions], wf, self.shaping, self.rl.max_response_len
+      rewards, [c.policy_tokens for c in completions], wf, self.shaping, self.rl.max_response_len
     )
     for k, v in terms.items():
       self.shaping_sums[k] = self.shaping_sums.get(k, 0.0) + float(np.sum(v))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rlvr import envs
 from rlvr.common import fileio
 from rlvr.rollout import Group, Prompt, rollout, stats
 from rlvr.sampling.types import Sampler, SamplingParams
@@ -80,6 +82,7 @@ def sample_record(seed: int, index: int, group: Group, notes: Sequence[dict] = (
         "finish_reason": c.finish_reason,
         "reward": float(r),
         "correct": bool(ok),
+        **envs.episode_record(c),
         **note,
       }
       for c, r, ok, note in zip(group.completions, group.rewards, group.correct, notes)
@@ -118,6 +121,7 @@ def evaluate_set(
   progress: bool = False,
   context: int | None = None,
   samples_path: str | None = None,
+  episodes: envs.Episodes | None = None,
 ) -> dict:
   """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...],
   "skipped_too_long": count}.
@@ -125,7 +129,8 @@ def evaluate_set(
   `score_fn(texts, golds, prompts=None)` returns (rewards, correct) or (rewards, correct,
   notes), a verifier's `judge`: the notes go into the samples file with their responses.
 
-  Each batch of prompts is one `rlvr.rollout.rollout`, as in training. With the
+  Each batch of prompts is one `rlvr.rollout.rollout`, as in training (episodes: those of
+  the run's multi-turn environment, `rlvr.envs`). With the
   model's `context` (max positions), prompts that cannot fit prompt + max_tokens
   are skipped and counted (`fitting`). With `samples_path`, every response is written
   there once the set is done (JSONL, one line per seed and problem: `sample_record`).
@@ -162,7 +167,7 @@ def evaluate_set(
         )
         notes: list[dict] = []
         groups = rollout(
-          sampler.generate,
+          functools.partial(envs.solve, sampler.generate, episodes),
           _keeping(score_fn, notes),
           prompts[start : start + cfg.batch_prompts],
           sp,

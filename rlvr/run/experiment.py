@@ -16,8 +16,8 @@ import os
 
 import jax
 
-from rlvr import learner, rollout
-from rlvr.common import settings
+from rlvr import envs, learner, rollout
+from rlvr.common import named, settings
 from rlvr.data import datasets
 from rlvr.rewards import RewardConfig, shaping
 from rlvr.run import evaluation
@@ -108,6 +108,7 @@ SECTIONS = {
   "eval": EvalSection,
   "checkpoint": CheckpointConfig,
   "logging": LoggingConfig,
+  "env": envs.EnvConfig,
 }
 
 
@@ -126,6 +127,7 @@ class Settings:
   eval: EvalSection
   checkpoint: CheckpointConfig
   logging: LoggingConfig
+  env: envs.EnvConfig
 
 
 def _section(cfg, dotted: str):
@@ -174,7 +176,24 @@ def check(cfg) -> Settings:
       "logging.wandb: the wandb package is not installed; pip install wandb "
       "(or pip install -e '.[tracking]'), or leave logging.wandb False"
     )
+  named.load("env.name", s.env.name, envs.ENVIRONMENTS, "an environment", "factory")
+  first_turn = rl.max_prompt_len + rl.max_response_len
+  if s.env.max_total_tokens and s.env.max_total_tokens < first_turn:
+    raise ValueError(
+      f"env.max_total_tokens: {s.env.max_total_tokens} is less than one turn after the "
+      f"longest prompt (rl.loop.max_prompt_len + rl.loop.max_response_len = {first_turn}); "
+      "raise it, or 0 for exactly that"
+    )
   return s
+
+
+def check_env_fits(env: envs.EnvConfig, context: int) -> None:
+  """An episode budget past the model's positions."""
+  if env.max_total_tokens > context:
+    raise ValueError(
+      f"env.max_total_tokens: {env.max_total_tokens} tokens do not fit the model's "
+      f"{context} positions; lower it"
+    )
 
 
 def check_eval_fits(
@@ -218,6 +237,9 @@ def scale_down(cfg, steps: int = 2):
   c.sft.batch_size = min(c.sft.batch_size, 8)
   c.data.eval_limit = 8
   c.eval.every = 0
+  if c.env.max_total_tokens:  # an episode's budget shrinks with its turns
+    c.env.max_total_tokens = loop_c.max_prompt_len + 3 * loop_c.max_response_len
+  c.env.workers = min(c.env.workers, 4)  # tool calls at once
   ev = c.eval.sampling
   ev.n, ev.max_tokens, ev.batch_prompts, ev.seeds = 2, 32, 16, (0,)
   c.svs.syntheses_per_solution = 2

@@ -261,6 +261,11 @@ TRAINING_PANELS = (
   ),
   "response_len_mean",
   "truncated_frac",
+  Panel(  # multi-turn environments (rlvr.envs)
+    "Episodes",
+    "per episode",
+    (("turns_mean", "turns"), ("tool_calls_mean", "tool calls")),
+  ),
   "optimizer_steps",
   Panel(
     "Tokens clipped by the PPO ratio",

@@ -10,13 +10,14 @@ nothing here depends on which one it is.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import jax
 import jax.numpy as jnp
 
-from rlvr import learner, methods, rollout
+from rlvr import envs, learner, methods, rollout
 from rlvr import model as model_lib
 from rlvr.common import settings
 from rlvr.parallel import distributed
@@ -28,6 +29,7 @@ from rlvr.run import metrics as metrics_lib
 from rlvr.run import workdir as workdir_lib
 from rlvr.run.workdir import Run
 from rlvr.sampling import JaxSampler
+from rlvr.sampling.split import HostChannel
 
 
 def warm_start(run: Run) -> str:
@@ -91,8 +93,20 @@ def make_sampler(run: Run, model_cfg, params, version: int = 0):
   return client
 
 
-def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
-  """pass@k of every eval set; with a tag, also a report under workdir/eval_<tag>."""
+def make_episodes(run: Run, env_cfg: envs.EnvConfig) -> envs.Episodes:
+  """The episodes of the run's environment (`env` section), over the run's tokenizer."""
+  agree = None
+  if jax.process_count() > 1:  # every process takes process 0's observations
+    channel = HostChannel()
+    agree = lambda rows: json.loads(channel.allgather(json.dumps(rows).encode())[0])
+  return envs.episodes_for(env_cfg, envs.make(env_cfg), run.tokenizer, agree)
+
+
+def evaluate(
+  run: Run, sampler, score_fn, tag: str | None = None, episodes: envs.Episodes | None = None
+) -> dict:
+  """pass@k of every eval set (episodes: in the run's environment); with a tag, also a
+  report under workdir/eval_<tag>."""
   ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
   write = tag is not None and distributed.is_writer()
   outdir = os.path.join(run.workdir, f"eval_{tag}") if write else None
@@ -109,6 +123,7 @@ def evaluate(run: Run, sampler, score_fn, tag: str | None = None) -> dict:
       progress=tag is not None,
       context=run.context,
       samples_path=samples,
+      episodes=episodes,
     )
   if write:
     evaluation.write_report(results, outdir, f"eval {tag}")
@@ -196,7 +211,7 @@ def train(
         skipped += m.get("skipped_update", 0)
         solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
         if c.eval.every and (step + 1) % c.eval.every == 0:
-          for name, scores in evaluate(run, env.sampler, eval_score).items():
+          for name, scores in evaluate(run, env.sampler, eval_score, None, env.episodes).items():
             m.update({f"{name}_{k}": v for k, v in scores.items()})
         writer.write(step, m)
         post = {
@@ -302,6 +317,7 @@ def _run(cfg, checked, t_start: float) -> dict:
   r = workdir_lib.setup(cfg)
   experiment.check_eval_fits(checked.eval.sampling, r.context)
   experiment.check_mesh(checked, dict(r.mesh.shape))
+  experiment.check_env_fits(checked.env, r.context)
   workdir_lib.check_phases(r)
   reward_cfg, lc = checked.reward, checked.rl_learner
   method = methods.make(cfg, r.prompts(r.data.train, "train"))
@@ -324,8 +340,9 @@ def _run(cfg, checked, t_start: float) -> dict:
     if meta is not None:
       _restore_method(method, meta)
     sampler = make_sampler(r, model_cfg, state.params, int(meta["step"]) if meta else 0)
+    episodes = make_episodes(r, checked.env)
     if "eval_before" not in r.progress:
-      r.progress["eval_before"] = evaluate(r, sampler, eval_score, "before_rl")
+      r.progress["eval_before"] = evaluate(r, sampler, eval_score, "before_rl", episodes)
       r.save_progress()
     else:
       print(f"eval before RL: done before, reusing {r.workdir}/progress.json", flush=True)
@@ -339,6 +356,7 @@ def _run(cfg, checked, t_start: float) -> dict:
       answer_of=r.data.answer_of,
       shaping_cfg=settings.frozen(shaping.ShapingConfig, cfg.shaping),
       well_formed=verifier.well_formed,
+      episodes=episodes,
     )
     state = train(
       r,
@@ -353,7 +371,7 @@ def _run(cfg, checked, t_start: float) -> dict:
     )
     mngr.close()
     if r.progress.get("eval_after_step") != cfg.rl.steps:
-      r.progress["eval_after"] = evaluate(r, sampler, eval_score, "after_rl")
+      r.progress["eval_after"] = evaluate(r, sampler, eval_score, "after_rl", episodes)
       r.progress["eval_after_step"] = cfg.rl.steps
       r.save_progress()
     if cfg.export_hf:

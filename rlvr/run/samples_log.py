@@ -19,6 +19,7 @@ import os
 import re
 from typing import Any, Callable, Sequence
 
+from rlvr import envs
 from rlvr.common import fileio
 
 SHOWN = 4  # responses of a logged step shown as text in TensorBoard and wandb
@@ -60,6 +61,7 @@ def records(
           "correct": bool(g.correct[i]),
           "finish_reason": c.finish_reason,
           "response_tokens": len(c.token_ids),
+          **envs.episode_record(c),
         }
       )
   return out

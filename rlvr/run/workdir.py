@@ -15,8 +15,8 @@ from typing import Any
 
 import jax
 
+from rlvr import envs, rollout
 from rlvr import model as model_lib
-from rlvr import rollout
 from rlvr.common import fileio, settings
 from rlvr.data import datasets
 from rlvr.data.prompts import format_prompt
@@ -160,6 +160,7 @@ def _defaults() -> dict:
     "model.": experiment.ModelSource,
     "sft.": experiment.SFTConfig,
     "eval.": experiment.EvalSection,
+    "env.": envs.EnvConfig,
   }
   out = {}
   for prefix, cls in sections.items():
@@ -175,7 +176,11 @@ def phase_settings(cfg) -> dict[str, dict]:
   made = {"seed": d["seed"], **model, **data}
   return {
     "sft": {**made, **_flat(d["sft"], "sft.")},
-    "eval": {**made, **_flat(d["eval"]["sampling"], "eval.sampling.")},
+    "eval": {
+      **made,
+      **_flat(d["eval"]["sampling"], "eval.sampling."),
+      **_flat(d.get("env", {}), "env."),  # evaluations run in the run's environment
+    },
   }
 
 

@@ -70,7 +70,8 @@ class HostChannel:
 
 
 def _pack(flat: Sequence[Completion]) -> bytes:
-  """Completions as bytes: token ids, logprobs (float64, as sampled), texts, ends, versions."""
+  """Completions as bytes: token ids, logprobs (float64, as sampled), texts, ends, versions,
+  an episode's loss mask and counters."""
   buf = io.BytesIO()
   np.savez(
     buf,
@@ -79,7 +80,10 @@ def _pack(flat: Sequence[Completion]) -> bytes:
     logprobs=np.array([x for c in flat for x in (c.logprobs or ())], np.float64),
     meta=np.array(
       json.dumps(
-        [[c.text, c.finish_reason, c.weight_version, c.logprobs is not None] for c in flat]
+        [
+          [c.text, c.finish_reason, c.weight_version, c.logprobs is not None, c.loss_mask, c.info]
+          for c in flat
+        ]
       )
     ),
     # a mixture of experts' routes, [tokens, layers, k] per completion (0 tokens: none)
@@ -99,7 +103,9 @@ def _unpack(data: bytes) -> list[Completion]:
     )
     route_lengths, routes = z["route_lengths"], z["routes"]
   out, t, lp, rt = [], 0, 0, 0
-  for length, n_routes, (text, finish, version, has_logp) in zip(lengths, route_lengths, meta):
+  for length, n_routes, (text, finish, version, has_logp, mask, info) in zip(
+    lengths, route_lengths, meta
+  ):
     length, n_routes = int(length), int(n_routes)
     logprobs = tuple(float(x) for x in logps[lp : lp + length]) if has_logp else None
     lp += length if has_logp else 0
@@ -107,7 +113,14 @@ def _unpack(data: bytes) -> list[Completion]:
     rt += n_routes
     out.append(
       Completion(
-        tuple(int(x) for x in tokens[t : t + length]), logprobs, text, finish, version, given
+        tuple(int(x) for x in tokens[t : t + length]),
+        logprobs,
+        text,
+        finish,
+        version,
+        given,
+        tuple(mask) if mask is not None else None,
+        info,
       )
     )
     t += length

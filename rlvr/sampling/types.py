@@ -26,6 +26,10 @@ class SamplingParams:
   repetition_penalty: float = 1.0
   max_tokens: int = 256
   stop_token_ids: tuple[int, ...] = ()
+  # Strings that end a completion, kept at its end (an environment's turn end, such as
+  # "```output"). A server honours them; where a sampler does not, `rlvr.envs` cuts the
+  # completion after the first token that completes one (the same tokens either way).
+  stop: tuple[str, ...] = ()
   seed: int | None = 0
   logprobs: bool = True
   ignore_eos: bool = False
@@ -63,6 +67,17 @@ class Completion:
   # mixture of experts: int32 [prompt + completion tokens, sparse layers, k], the experts
   # each input token was routed to (-1 where none: a completion's last token is never fed)
   routes: Any = dataclasses.field(default=None, compare=False)
+  # A multi-turn episode (`rlvr.envs`): 1 on the tokens the policy wrote, 0 on the
+  # observations the environment put between its turns (no loss there, logprob 0).
+  # None: every token is the policy's.
+  loss_mask: tuple[int, ...] | None = None
+  # What the episode did (`rlvr.envs.Episode.info`): turns, tool calls, their errors...
+  info: Any = dataclasses.field(default=None, compare=False)
+
+  @property
+  def policy_tokens(self) -> int:
+    """How many of token_ids the policy wrote (observations excluded)."""
+    return len(self.token_ids) if self.loss_mask is None else int(sum(self.loss_mask))
 
 
 class Sampler(Protocol):

@@ -298,6 +298,8 @@ class VLLMSampler:
       "stop_token_ids": list(sp.stop_token_ids),
       "ignore_eos": sp.ignore_eos,
     }
+    if sp.stop:
+      payload.update(stop=list(sp.stop), include_stop_str_in_output=True)
     if sp.seed is not None:
       payload["seed"] = sp.seed + i
     if sp.logprobs:

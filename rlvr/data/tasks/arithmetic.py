@@ -197,6 +197,20 @@ def as_program(problem: Problem) -> Problem:
   )
 
 
+def with_tool(problem: Problem) -> Problem:
+  """The problem worked with the python tool (`env.name = "python_tool"`): a block that
+  prints the expression, its output as the tool returns it, then the boxed answer. The
+  reference answer stays the number."""
+  expression = problem.problem.removeprefix("Compute ").rstrip(".")
+  return dataclasses.replace(
+    problem,
+    solution=(
+      f"```python\nprint({expression})\n```\n```output\n{problem.answer}\n```\n"
+      f"\\boxed{{{problem.answer}}}"
+    ),
+  )
+
+
 def to_examples(problems: Iterable[Problem]) -> list[Example]:
   return [
     Example(

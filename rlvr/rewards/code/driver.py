@@ -364,7 +364,8 @@ def _run_one(job, index, case, in_namespace):
   if verdict is None:
     verdict = _classify(job["kind"], status, cpu_s, lim["cpu_s"], _last_result(bytes(bufs[res_r])))
   msg = {"case": index, "status": verdict[0], "detail": verdict[1][:300]}
-  if verdict[0] == "ok" and job["kind"] == "stdio":
+  if job["kind"] == "stdio" and verdict[0] != "output_limit":
+    # printed output, also of a failed run (a tool call shows it beside the error)
     msg["stdout"] = bufs[out_r].decode("utf-8", "replace")
   elif verdict[0] == "ok" and job["kind"] == "call":
     result = _last_result(bytes(bufs[res_r]))
