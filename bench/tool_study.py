@@ -8,7 +8,9 @@ call the tool; trained once, copied to the other arm), then GRPO with `env.name=
 block's output). Each arm evaluates held-out pass@1 in its own environment before and after
 RL. Prints and writes to study.json, per arm, held-out pass@1 before and after RL (mean +-
 standard error over seeds), the tool calls per episode over the first and last 10 steps,
-the tool's error rate, and the paired difference of final pass@1 (tool minus no tool).
+the tool's error rate, and the paired difference of final pass@1 (tool minus no tool). A run
+that stops (no group with a learning signal left) is reported with the step and the reason,
+its policy's final pass@1 taken as its pass@1 before RL.
 """
 
 from __future__ import annotations
@@ -47,11 +49,23 @@ def _train(workdir: str, arm: str, seed: int) -> dict:
     "--config.export_hf=False",
     *FLAGS.extra,
   ]
-  subprocess.run(cmd, cwd=REPO, check=True)
-  with open(os.path.join(workdir, "summary.json")) as f:
-    summary = json.load(f)
+  out = subprocess.run(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
+  if out.returncode != 0:  # e.g. no group with a learning signal: a result, reported as such
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("launch.train:")]
+    with open(os.path.join(workdir, "progress.json")) as f:
+      before = json.load(f)["eval_before"]["heldout"]["pass@1"]
+    return {
+      "before": before,
+      "after": None,
+      "stopped": f"after {len(rows)} steps: {lines[-1] if lines else out.stderr[-300:]}",
+      "calls_first10": 0.0,
+      "calls_last10": 0.0,
+      "tool_errors": 0.0,
+    }
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
   calls = [r.get("tool_calls_mean", 0.0) for r in rows]
   errors = [v for r in rows for k, v in r.items() if k.startswith("tool_error_frac_")]
   return {
@@ -82,7 +96,7 @@ def main(argv):
       if arm != "tool":
         _copy_sft(os.path.join(root, f"seed{seed}", "tool"), workdir)
       rows[arm][seed] = _train(workdir, arm, seed)
-  cell = lambda m, se, sign="": f"{100 * m:{sign}.1f} ± {100 * se:.1f}"
+  cell = lambda m, se, sign="": "-" if m is None else f"{100 * m:{sign}.1f} ± {100 * se:.1f}"
   lines = [
     "| arm | pass@1 before RL | pass@1 after RL | tool calls / episode, first 10 steps -> last 10 |",
     "|---|---|---|---|",
@@ -93,9 +107,16 @@ def main(argv):
     before, after = mean_se([x["before"] for x in r]), mean_se([x["after"] for x in r])
     first, last = mean_se([x["calls_first10"] for x in r]), mean_se([x["calls_last10"] for x in r])
     lines.append(f"| {arm} | {cell(*before)} | {cell(*after)} | {first[0]:.2f} -> {last[0]:.2f} |")
-  d = mean_se([rows["tool"][s]["after"] - rows["no_tool"][s]["after"] for s in seeds])
-  summary["paired_after"] = d
+  final = lambda r: r["after"] if r["after"] is not None else r["before"]  # a stopped run's
+  d = mean_se([final(rows["tool"][s]) - final(rows["no_tool"][s]) for s in seeds])  # policy
+  summary["paired_final"] = d
   lines += ["", f"paired difference of final pass@1, tool - no tool: {cell(*d, sign='+')} points"]
+  lines += [
+    f"{arm} seed {s} stopped {rows[arm][s]['stopped']}"
+    for arm in ARMS
+    for s in seeds
+    if rows[arm][s].get("stopped")
+  ]
   summary["table"] = "\n".join(lines)
   with open(os.path.join(root, "study.json"), "w") as f:
     json.dump(summary, f, indent=2)
