@@ -456,21 +456,28 @@ def _small_run(*flags):
   ]
 
 
-@pytest.mark.slow
-def test_train_with_the_readme_method_from_outside_the_library(tmp_path):
-  """The README's my_methods.py block, saved as printed and put on PYTHONPATH."""
-  [command] = readme(
-    "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make"
-  )
+def _run_readme_module(command_prefix: str, module: str, tmp_path):
+  """The README's `# <module>.py` block saved as printed, on PYTHONPATH, and the README
+  command that names it run for one RL step; returns the run's work dir."""
+  [command] = readme(command_prefix)
   [block] = [
-    b
-    for b in re.findall(r"```python\n(.*?)```", _readme(), re.S)
-    if b.startswith("# my_methods.py")
+    b for b in re.findall(r"```python\n(.*?)```", _readme(), re.S) if b.startswith(f"# {module}.py")
   ]
-  (tmp_path / "my_methods.py").write_text(block)
+  (tmp_path / f"{module}.py").write_text(block)
   workdir = tmp_path / "run"
   env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
   run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]), env=env)
+  return workdir
+
+
+@pytest.mark.slow
+def test_train_with_the_readme_method_from_outside_the_library(tmp_path):
+  """The README's my_methods.py block, saved as printed and put on PYTHONPATH."""
+  workdir = _run_readme_module(
+    "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make",
+    "my_methods",
+    tmp_path,
+  )
   summary = json.loads((workdir / "summary.json").read_text())
   assert (summary["method"], summary["steps"]) == ("twice", 1)
   [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -481,16 +488,11 @@ def test_train_with_the_readme_method_from_outside_the_library(tmp_path):
 def test_train_with_the_readme_reward_from_outside_the_library(tmp_path):
   """The README's my_reward.py block, saved as printed and put on PYTHONPATH: every step
   and evaluation is scored by it (its rewards are 1, -0.1 or 0, each a verdict `scored`)."""
-  [command] = readme(
-    "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:score"
+  workdir = _run_readme_module(
+    "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:score",
+    "my_reward",
+    tmp_path,
   )
-  [block] = [
-    b for b in re.findall(r"```python\n(.*?)```", _readme(), re.S) if b.startswith("# my_reward.py")
-  ]
-  (tmp_path / "my_reward.py").write_text(block)
-  workdir = tmp_path / "run"
-  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
-  run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]), env=env)
   [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   responses = row["verdict_scored"]
   assert responses == 4 * 8 and row["verdict_fn_raised"] == row["verdict_fn_not_finite"] == 0
@@ -503,16 +505,11 @@ def test_train_with_the_readme_reward_from_outside_the_library(tmp_path):
 def test_train_with_the_readme_environment_from_outside_the_library(tmp_path):
   """The README's my_env.py block, saved as printed and put on PYTHONPATH: every rollout and
   evaluation runs in it (an untrained policy never closes a call: one turn each)."""
-  [command] = readme(
-    "python -m launch.train --config=configs/tiny_rlvr.py --config.env.name=my_env:make"
+  workdir = _run_readme_module(
+    "python -m launch.train --config=configs/tiny_rlvr.py --config.env.name=my_env:make",
+    "my_env",
+    tmp_path,
   )
-  [block] = [
-    b for b in re.findall(r"```python\n(.*?)```", _readme(), re.S) if b.startswith("# my_env.py")
-  ]
-  (tmp_path / "my_env.py").write_text(block)
-  workdir = tmp_path / "run"
-  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
-  run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]), env=env)
   [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert row["turns_mean"] >= 1 and row["tool_calls_mean"] >= 0  # episode metrics: in an env
   # The block's environment answers as its comments say.
