@@ -49,7 +49,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
   from rlvr import learner
-  from rlvr.learner.lora import LoraConfig
+  from rlvr.model.lora import LoraConfig
   from rlvr.parallel import sharding
   from rlvr.run.sft import train_sft
 

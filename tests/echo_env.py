@@ -25,6 +25,21 @@ def make(cfg):
   return Echo(cfg)
 
 
+class PerProcess(Echo):
+  """Answers that name the process computing them, as a tool whose output differs
+  between hosts would: on several processes every one must take process 0's."""
+
+  def observe(self, episode, turn):
+    import jax
+
+    episode.count("echoes")
+    return f" [observation {len(episode.turns)} on process {jax.process_index()}] "
+
+
+def per_process(cfg):
+  return PerProcess(cfg)
+
+
 def noop(cfg):
   """Not an environment: what a factory that returns the wrong thing makes."""
   return cfg

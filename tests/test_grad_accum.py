@@ -78,7 +78,7 @@ def test_moe_token_chunks_equal_one_pass():
   "field, value", [("scan_layers", False), ("remat_policy", "dots"), ("lora", "rank 4")]
 )
 def test_accumulating_in_backward_refuses_what_it_cannot_do(field, value):
-  from rlvr.learner.lora import LoraConfig
+  from rlvr.model.lora import LoraConfig
 
   value = LoraConfig(rank=4) if field == "lora" else value
   with pytest.raises(ValueError, match=f"accumulate_in_backward: .*{field.split('_')[0]}"):

@@ -1,4 +1,4 @@
-"""LoRA (rlvr.learner.lora): fresh adapters are a no-op, the merge is the unmerged LoRA
+"""LoRA (rlvr.model.lora): fresh adapters are a no-op, the merge is the unmerged LoRA
 layer of transformers' model, training moves only the adapters, and the merged
 export (and an SFT run, resumed) loads in transformers."""
 
@@ -20,9 +20,9 @@ from transformers import AutoModelForCausalLM
 
 from rlvr import learner, model
 from rlvr.common import settings
-from rlvr.learner import lora
+from rlvr.model import lora
 from rlvr.learner import state as learner_state
-from rlvr.learner.lora import LoraConfig
+from rlvr.model.lora import LoraConfig
 from rlvr.parallel import sharding
 from rlvr.run import checkpoint
 

@@ -39,8 +39,14 @@ def _free_port() -> int:
 
 def _env(devices: int, **extra) -> dict:
   env = {k: v for k, v in os.environ.items() if not k.startswith("RLVR_")}
+  # tests/ on the path: echo_env, an environment defined outside the library
+  path = os.pathsep.join([os.path.join(REPO, "tests"), env.get("PYTHONPATH", "")])
   return dict(
-    env, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra
+    env,
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    PYTHONPATH=path,
+    **extra,
   )
 
 
@@ -198,6 +204,31 @@ def test_one_svs_step_on_two_processes_equals_one_process(tmp_path):
   one, two = _rows(tmp_path / "one" / "metrics.jsonl"), _rows(tmp_path / "two" / "metrics.jsonl")
   assert one == two and len(two) == 1
   assert two[0]["svs_syntheses"] > 0
+
+
+def test_episodes_on_two_processes_take_process_0s_observations(plain_runs, tmp_path):
+  """Multi-turn episodes of an environment whose answers name the process computing them
+  (tests/echo_env.py): two processes run 2 RL steps and the evaluation after them as one
+  process does, because both take process 0's observations."""
+  root, _ = plain_runs
+  flags = [
+    *PLAIN[:1],
+    "--config.rl.steps=2",
+    *SMALL,
+    "--config.env.name=echo_env:per_process",
+    "--config.env.max_turns=3",
+    "--config.env.max_total_tokens=100",
+  ]
+  one, two = tmp_path / "one", tmp_path / "two"
+  run_copies.start_from_sft(root / "one", one)
+  run_copies.start_from_sft(root / "one", two)
+  _one_process(flags, one)
+  _two_processes(flags, two, tmp_path)
+  rows = _rows(two / "metrics.jsonl")
+  assert rows == _rows(one / "metrics.jsonl") and len(rows) == 2
+  assert all(r["turns_mean"] > 1 and r["obs_tokens_frac"] > 0 for r in rows)
+  s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+  assert s1["eval_after_rl"] == s2["eval_after_rl"]
 
 
 def test_split_sampler_gives_every_process_the_one_process_rollout(

@@ -11,7 +11,7 @@ step. State is donated.
 With `LearnerConfig.lora.rank > 0` the trained pytree (`TrainState.params`,
 and so the optimizer state) is the LoRA adapters, the frozen base rides in
 `LoraTrainState.base`, and the loss sees `lora.merge(base, adapters)`
-(`rlvr.learner.lora`); `policy_params(state, cfg)` is the policy's weights either way.
+(`rlvr.model.lora`); `policy_params(state, cfg)` is the policy's weights either way.
 
 This file is the package's public API; the code lives in `config` (LearnerConfig,
 TrainBatch), `state` (states, optimizer, shardings), `logprobs` (log-prob passes,

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr import objectives
-from rlvr.learner.lora import LoraConfig
+from rlvr.model.lora import LoraConfig
 from rlvr.model import attention, decoder
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -133,7 +133,7 @@ class LearnerConfig:
       )
     if not isinstance(self.lora, LoraConfig):
       raise ValueError(
-        f"lora: expected a rlvr.learner.lora.LoraConfig, got {type(self.lora).__name__}"
+        f"lora: expected a rlvr.model.lora.LoraConfig, got {type(self.lora).__name__}"
       )
 
   def micro_count(self, rows: int) -> int:

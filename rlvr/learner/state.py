@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlvr.learner import lora as lora_lib
+from rlvr.model import lora as lora_lib
 from rlvr.learner.config import DTYPES, LearnerConfig
 from rlvr.model import decoder
 from rlvr.model.config import ModelConfig

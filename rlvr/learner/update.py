@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from rlvr import objectives
-from rlvr.learner import lora as lora_lib
+from rlvr.model import lora as lora_lib
 from rlvr.learner.config import LearnerConfig, TrainBatch
 from rlvr.learner.logprobs import (
   completion_mask,

@@ -40,7 +40,7 @@ class SFTConfig:
   steps: int = 0  # 0 = no SFT warm start
   batch_size: int = 64
   learner: learner.LearnerConfig = dataclasses.field(default_factory=_sft_learner)
-  # learner.lora.rank > 0: LoRA adapters on the frozen model, exported merged (rlvr.learner.lora)
+  # learner.lora.rank > 0: LoRA adapters on the frozen model, exported merged (rlvr.model.lora)
 
   def __post_init__(self):
     if self.steps < 0 or self.batch_size < 1:

@@ -90,7 +90,7 @@ def train_sft(
   metrics to workdir/metrics.jsonl and the result as an HF dir workdir/model,
   which it returns (and reuses when already complete). With
   `learner_cfg.lora.rank > 0` only LoRA adapters train (on the frozen model)
-  and workdir/model is the base with them merged in (`rlvr.learner.lora`).
+  and workdir/model is the base with them merged in (`rlvr.model.lora`).
   """
   import os
 

@@ -4,7 +4,9 @@ A targeted kernel W is read as the matrix [in, out] it applies (`layers.dense`
 contracts its leading "in" dims with x): q/k/v [embed | heads, head_dim], o
 [heads, head_dim | embed], gate/up [embed | mlp], down [mlp | embed], lm_head
 [embed | vocab], embedding [vocab | embed] (a one-hot lookup). Layer kernels
-keep their leading "layers" axis. The adapter of W is
+keep their leading "layers" axis. MoE experts are not adapted (their kernels are
+skipped by every pattern): a sparse model's adapters sit on its attention and on any
+dense MLP layers. The adapter of W is
 
   A: [layers, *in, rank]   uniform +-1/sqrt(prod(in))   (PEFT's kaiming-uniform)
   B: [layers, rank, *out]  zeros
@@ -35,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -103,7 +106,7 @@ class LoraConfig:
 
 def _layout(path: tuple[str, ...]) -> tuple[int, int]:
   """(leading stacked dims, input dims) of the kernel at `path`."""
-  return (1 if path[0] == "layers" else 0), IN_DIMS[path[-1]]
+  return (1 if path[0].startswith("layers") else 0), IN_DIMS[path[-1]]
 
 
 def _targeted(params, cfg: LoraConfig) -> list[tuple[str, ...]]:
@@ -111,7 +114,11 @@ def _targeted(params, cfg: LoraConfig) -> list[tuple[str, ...]]:
   paths = sorted(traverse_util.flatten_dict(params))
   chosen = []
   for pattern in cfg.targets:
-    hits = [p for p in paths if p[-1] in IN_DIMS and fnmatch.fnmatchcase(p[-1], pattern)]
+    hits = [
+      p
+      for p in paths
+      if p[-1] in IN_DIMS and "moe" not in p and fnmatch.fnmatchcase(p[-1], pattern)
+    ]
     if not hits:
       raise ValueError(
         f"targets: {pattern!r} matches no parameter of this model (e.g. lm_head of a tied model)"
@@ -164,6 +171,28 @@ def merge(params, adapters, cfg: LoraConfig, dropout_rng: jax.Array | None = Non
     w = flat[path]
     flat[path] = (w.astype(jnp.float32) + delta(a, b, lead, cfg.scale)).astype(w.dtype)
   return traverse_util.unflatten_dict(flat)
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapted:
+  """A policy held as LoRA adapters on a frozen base: what the learner hands a sampler.
+  A sampler that serves adapters (vLLM with LoRA enabled) pushes `adapters` only; any
+  other takes `merged()`, the base with them merged in."""
+
+  base: Any
+  adapters: Any
+  cfg: LoraConfig
+
+  def merged(self):
+    return _merge_jit(self.base, self.adapters, self.cfg)
+
+
+_merge_jit = jax.jit(lambda base, adapters, cfg: merge(base, adapters, cfg), static_argnums=2)
+
+
+def as_params(weights):
+  """The policy's full weights, whether `weights` is a params pytree or `Adapted`."""
+  return weights.merged() if isinstance(weights, Adapted) else weights
 
 
 # ------------------------------------------------------------------ shardings
