@@ -218,17 +218,20 @@ def test_episodes_on_two_processes_take_process_0s_observations(plain_runs, tmp_
     "--config.env.name=echo_env:per_process",
     "--config.env.max_turns=3",
     "--config.env.max_total_tokens=100",
+    "--config.rl.loop.dynamic_sampling=False",  # the policy rarely solves a cut-up problem
   ]
   one, two = tmp_path / "one", tmp_path / "two"
-  run_copies.start_from_sft(root / "one", one)
-  run_copies.start_from_sft(root / "one", two)
+  run_copies.start_from_sft(root / "one", one, evaluated=False)
+  run_copies.start_from_sft(root / "one", two, evaluated=False)
   _one_process(flags, one)
   _two_processes(flags, two, tmp_path)
   rows = _rows(two / "metrics.jsonl")
   assert rows == _rows(one / "metrics.jsonl") and len(rows) == 2
   assert all(r["turns_mean"] > 1 and r["obs_tokens_frac"] > 0 for r in rows)
+  assert all(r["entropy"] > 0 for r in rows)  # over the policy's tokens of the batch
   s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
-  assert s1["eval_after_rl"] == s2["eval_after_rl"]
+  for key in ("eval_before_rl", "eval_after_rl"):
+    assert s1[key] == s2[key]
 
 
 def test_split_sampler_gives_every_process_the_one_process_rollout(

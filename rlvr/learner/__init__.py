@@ -10,12 +10,14 @@ step. State is donated.
 
 With `LearnerConfig.lora.rank > 0` the trained pytree (`TrainState.params`,
 and so the optimizer state) is the LoRA adapters, the frozen base rides in
-`LoraTrainState.base`, and the loss sees `lora.merge(base, adapters)`
-(`rlvr.model.lora`); `policy_params(state, cfg)` is the policy's weights either way.
+`LoraTrainState.base` (in the compute dtype; it is also the KL reference), and the
+loss sees `lora.merge(base, adapters)` (`rlvr.model.lora`). `policy_params(state)` is
+the policy's weights either way; `policy_weights(state)` is what a sampler is handed
+(with LoRA, `lora.Adapted`: a sampler that serves adapters takes only those).
 
 This file is the package's public API; the code lives in `config` (LearnerConfig,
 TrainBatch), `state` (states, optimizer, shardings), `logprobs` (log-prob passes,
-masks), `update` (the loss and the update step), `lora`, `packing` and `ppo`.
+masks), `update` (the loss and the update step), `packing` and `ppo`.
 """
 
 from rlvr.learner.config import LearnerConfig, TrainBatch
@@ -26,6 +28,8 @@ from rlvr.learner.state import (
   init_state,
   new_state,
   policy_params,
+  policy_weights,
+  reference_params,
   reset_optimizer,
   state_shardings,
 )
@@ -44,6 +48,8 @@ __all__ = [
   "make_update_fn",
   "new_state",
   "policy_params",
+  "policy_weights",
+  "reference_params",
   "reset_optimizer",
   "state_shardings",
   "train_step",

@@ -30,21 +30,35 @@ class TrainState:
 @flax.struct.dataclass
 class LoraTrainState(TrainState):
   """The state with LoRA: params (and so opt_state) are the adapters, `base` the
-  frozen f32 weights they merge into. A subclass, so that full fine-tuning's
-  TrainState and its checkpoints keep their structure."""
+  frozen weights they merge into, in the learner's compute dtype (bf16 at paper scale;
+  never an f32 copy), which is also the KL reference (adapters off: no second model).
+  A subclass, so that full fine-tuning's TrainState and its checkpoints keep their
+  structure."""
 
   base: Any = None
+  lora: lora_lib.LoraConfig = flax.struct.field(pytree_node=False, default=None)
 
 
 # fold_in streams of TrainState.rng (its per-step chain folds in step numbers).
 LORA_INIT, LORA_DROPOUT = 0x4C6F5241, 0x4C6F5244
 
 
-def policy_params(state: TrainState, cfg: LearnerConfig):
+def policy_params(state: TrainState, cfg: LearnerConfig | None = None):
   """The policy's weights: `state.params`, or with LoRA the base with the adapters merged."""
+  return lora_lib.as_params(policy_weights(state))
+
+
+def policy_weights(state: TrainState):
+  """What a sampler is handed: `state.params`, or with LoRA `lora.Adapted` (a sampler that
+  serves adapters pushes those alone; any other merges them)."""
   if not isinstance(state, LoraTrainState):
     return state.params
-  return lora_lib.merge(state.base, state.params, cfg.lora)
+  return lora_lib.Adapted(state.base, state.params, state.lora)
+
+
+def reference_params(state: TrainState):
+  """The KL reference: `state.ref_params`, or with LoRA the base (adapters off)."""
+  return state.base if isinstance(state, LoraTrainState) else state.ref_params
 
 
 def learning_rate_schedule(cfg: LearnerConfig) -> optax.Schedule:
@@ -80,7 +94,8 @@ def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None
   """TrainState of NamedShardings: params and their optimizer moments by the rules."""
   tx = make_optimizer(cfg)
   model_sh = decoder.param_shardings(model_cfg, mesh, rules)
-  if cfg.lora.rank:
+  lora = bool(cfg.lora.rank)
+  if lora:
     param_sh = lora_lib.shardings(model_cfg, cfg.lora, mesh, rules)
     shapes = lora_lib.adapter_shapes(model_cfg, cfg.lora)
   else:
@@ -98,28 +113,30 @@ def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None
     opt_state=opt_sh,
     step=rep,
     rng=rep,
-    ref_params=model_sh if cfg.kl_beta > 0 else None,
+    ref_params=model_sh if cfg.kl_beta > 0 and not lora else None,
   )
-  return LoraTrainState(**kw, base=model_sh) if cfg.lora.rank else TrainState(**kw)
+  return LoraTrainState(**kw, base=model_sh, lora=cfg.lora) if lora else TrainState(**kw)
 
 
 def new_state(params, rng, cfg: LearnerConfig) -> TrainState:
-  """Fresh TrainState: f32 master params (with LoRA: f32 base, fresh adapters as
-  params), zero optimizer moments, step 0."""
-  params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
-  ref = None
-  if cfg.kl_beta > 0:
-    ref = jax.tree.map(lambda x: x.astype(DTYPES[cfg.compute_dtype]), params)
+  """Fresh TrainState: f32 master params, zero optimizer moments, step 0. With LoRA:
+  the base in the compute dtype (the KL reference too), fresh f32 adapters as params."""
+  compute = DTYPES[cfg.compute_dtype]
   if cfg.lora.rank:
-    adapters = lora_lib.init_adapters(params, cfg.lora, jax.random.fold_in(rng, LORA_INIT))
+    base = jax.tree.map(lambda x: x.astype(compute), params)
+    adapters = lora_lib.init_adapters(base, cfg.lora, jax.random.fold_in(rng, LORA_INIT))
     return LoraTrainState(
       params=adapters,
       opt_state=make_optimizer(cfg).init(adapters),
       step=jnp.zeros((), jnp.int32),
       rng=rng,
-      ref_params=ref,
-      base=params,
+      base=base,
+      lora=cfg.lora,
     )
+  params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+  ref = None
+  if cfg.kl_beta > 0:
+    ref = jax.tree.map(lambda x: x.astype(compute), params)
   return TrainState(
     params=params,
     opt_state=make_optimizer(cfg).init(params),

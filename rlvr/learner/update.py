@@ -22,6 +22,7 @@ from rlvr.learner.logprobs import (
 )
 from rlvr.learner.state import (
   LORA_DROPOUT,
+  reference_params,
   TrainState,
   learning_rate_schedule,
   make_optimizer,
@@ -166,7 +167,7 @@ def train_step(
     grads_acc, sums_acc, ext_acc = carry
     acc = grads_acc if in_backward else None
     (loss, (sums, ext)), grads = grad_fn(
-      state.params, state.ref_params, mb, normalizer, model_cfg, cfg, mesh, share, acc
+      state.params, reference_params(state), mb, normalizer, model_cfg, cfg, mesh, share, acc
     )
     sums = dict(sums, loss=loss)
     if in_backward:
@@ -186,7 +187,7 @@ def train_step(
   zeros = jax.tree.map(jnp.zeros_like, state.params)
   first = jax.tree.map(lambda x: x[0], micro)
   sums_shape = jax.eval_shape(
-    lambda: loss_fn(state.params, state.ref_params, first, normalizer, model_cfg, cfg, mesh, share)[
+    lambda: loss_fn(state.params, reference_params(state), first, normalizer, model_cfg, cfg, mesh, share)[
       1
     ][0]
   )

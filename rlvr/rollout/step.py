@@ -80,7 +80,7 @@ def rl_step(
   t_update = time.perf_counter()
   rollouts.finish_ahead()
   t_sync = time.perf_counter()
-  env.sampler.update_weights(state.params, version=step + 1)
+  env.sampler.update_weights(learner.policy_weights(state), version=step + 1)
   end = time.perf_counter()
   if own:
     rollouts.close()

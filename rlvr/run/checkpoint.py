@@ -414,12 +414,8 @@ def export_hf(
   state: learner.TrainState,
   tokenizer=None,
   dtype=None,
-  cfg: learner.LearnerConfig | None = None,
 ) -> str:
-  """Writes the policy (master params, optionally cast) as an HF directory.
-
-  A LoRA state is written merged, which needs its learner config (`cfg`)."""
-  if isinstance(state, learner.LoraTrainState) and cfg is None:
-    raise ValueError("export_hf: a LoRA state (adapters on a base) needs cfg= to merge them")
-  params = state.params if cfg is None else learner.policy_params(state, cfg)
+  """Writes the policy (master params, optionally cast) as an HF directory; a LoRA
+  state is written merged."""
+  params = learner.policy_params(state)
   return hf_io.save_hf(path, model_cfg, params, tokenizer=tokenizer, dtype=dtype)

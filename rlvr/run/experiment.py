@@ -155,11 +155,6 @@ def check(cfg) -> Settings:
   if isinstance(every, bool) or not isinstance(every, int) or every < 0:
     raise ValueError(f"rl.log_samples_every: must be an integer >= 0 (0 = off), got {every!r}")
   lc, rl = s.rl_learner, s.rl_loop
-  if lc.lora.rank:  # the RL loop samples and re-scores with state.params as the policy
-    raise ValueError(
-      "rl.learner.lora.rank: LoRA is wired into SFT only (sft.learner.lora); "
-      "RL trains the full model, leave it 0"
-    )
   if rl.pack and lc.attention == "cudnn":
     raise ValueError(
       "rl.loop.pack: packed rows (several sequences per row) need "

@@ -339,7 +339,8 @@ def _run(cfg, checked, t_start: float) -> dict:
     )
     if meta is not None:
       _restore_method(method, meta)
-    sampler = make_sampler(r, model_cfg, state.params, int(meta["step"]) if meta else 0)
+    version = int(meta["step"]) if meta else 0
+    sampler = make_sampler(r, model_cfg, learner.policy_weights(state), version)
     episodes = make_episodes(r, checked.env)
     if "eval_before" not in r.progress:
       r.progress["eval_before"] = evaluate(r, sampler, eval_score, "before_rl", episodes)

@@ -176,5 +176,5 @@ def train_sft(
     )
   writer.close()
   mngr.close()
-  checkpoint.export_hf(out_dir, m_cfg, state, tokenizer=tok, cfg=learner_cfg)  # LoRA: merged
+  checkpoint.export_hf(out_dir, m_cfg, state, tokenizer=tok)  # LoRA: merged
   return out_dir

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr.model import decoder
+from rlvr.model import decoder, lora
 from rlvr.model.config import ModelConfig
 from rlvr.parallel import sharding
 from rlvr.sampling.types import Completion, SamplingParams
@@ -213,7 +213,7 @@ class JaxSampler:
     self.pad_token_id = pad if pad is not None else 0
     self.mesh = mesh
     self._min = (min_rows, min_prompt_len, min_new_tokens)
-    self._params = params
+    self._params = lora.as_params(params)  # LoRA adapters: merged once per version
     self.version = 0
     self._lock = threading.Lock()
     self._fn = jax.jit(
@@ -222,6 +222,8 @@ class JaxSampler:
     )
 
   def update_weights(self, params: Any, version: int) -> None:
+    """Serves `params` (or `lora.Adapted`, merged here) from now on as `version`."""
+    params = lora.as_params(params)
     with self._lock:
       self._params = params
       self.version = version

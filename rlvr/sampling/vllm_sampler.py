@@ -19,6 +19,11 @@ servers must serve an untied copy of the policy from the start
 - "transfer": vLLM's weight-transfer API with the `transfer_backend` the servers
   were started with (`rlvr.sampling.transfer`); nothing touches the disk.
 
+With `lora_adapters` (servers started with `ServerOptions.lora_rank`), a policy held as
+LoRA adapters (`rlvr.model.lora.Adapted`) goes out as a PEFT adapter instead, loaded on
+the servers' start-up base (`rlvr.sampling.adapters`); any other update takes one of the
+paths above with the adapters merged in (`lora.as_params`).
+
 A lock keeps `generate` and `update_weights` apart, so one `generate` call never
 mixes weight versions.
 """
@@ -38,9 +43,9 @@ import jax
 import numpy as np
 import requests
 
-from rlvr.model import hf_io
+from rlvr.model import hf_io, lora
 from rlvr.model.config import ModelConfig
-from rlvr.sampling import http, transfer, weights
+from rlvr.sampling import adapters, http, transfer, weights
 from rlvr.sampling.config import WEIGHT_SYNCS, SamplerConfig
 from rlvr.sampling.http import check_retry_settings
 from rlvr.sampling.types import Completion, SamplingParams
@@ -190,6 +195,7 @@ class VLLMSampler:
     transfer_backend: str = _DEFAULTS.transfer_backend,
     transfer_host: str = _DEFAULTS.transfer_host,
     transfer_bucket_mb: int = _DEFAULTS.transfer_bucket_mb,
+    lora_adapters: bool = False,
   ):
     self.urls = [urls] if isinstance(urls, str) else list(urls)
     if not self.urls:
@@ -216,6 +222,11 @@ class VLLMSampler:
       api_key=api_key, timeout_s=request_timeout_s, retries=retries, backoff_s=backoff_s
     )
     self._lock = threading.Lock()
+    self._adapters = None  # serves `lora.Adapted` updates as adapters
+    if lora_adapters:
+      if sync_dir is None:
+        raise ValueError("sync_dir: lora_adapters needs a directory the servers can read")
+      self._adapters = adapters.AdapterSync(self._http, model_config, model_name, sync_dir)
     self._pool = concurrent.futures.ThreadPoolExecutor(
       max_concurrency, thread_name_prefix="vllm-client"
     )
@@ -285,7 +296,7 @@ class VLLMSampler:
   ) -> list[Completion]:
     url = self.urls[i % len(self.urls)]
     payload = {
-      "model": self.model_name,
+      "model": self._adapters.served_name if self._adapters else self.model_name,
       "prompt": [int(t) for t in prompt],
       "n": sp.n,
       "temperature": sp.temperature,
@@ -334,10 +345,25 @@ class VLLMSampler:
         raise
 
   # ------------------------------------------------------------- weight sync
-  def update_weights(self, params: Any, version: int) -> None:
-    """Makes every server serve `params` as `version` (by `weight_sync`)."""
-    sync = {"disk": self._sync_disk, "transfer": self._sync_transfer}[self.weight_sync]
-    sync(params, version)
+  def update_weights(self, weights: Any, version: int) -> None:
+    """Makes every server serve `weights` (params or `lora.Adapted`) as `version`."""
+    ad = self._adapters
+    if ad is not None and isinstance(weights, lora.Adapted):
+      try:
+        ad.write(weights, version, self.version, self.sync_dtype)
+        with self._lock:
+          ad.load_all(self.urls, version, self.version, lambda u: self._name_version(u, version))
+          self.version, old = version, ad.serve(version)
+      except adapters.PushError as e:
+        raise SamplerError(str(e)) from None
+    else:
+      sync = {"disk": self._sync_disk, "transfer": self._sync_transfer}[self.weight_sync]
+      old = sync(lora.as_params(weights), version)
+    if ad is not None:
+      ad.retire(self.urls, old)
+
+  def _serve_base(self) -> int | None:
+    return None if self._adapters is None else self._adapters.serve(None)
 
   def _check_served(self) -> None:
     """A server restarted since the last push serves its start-up checkpoint (it reports
@@ -356,6 +382,13 @@ class VLLMSampler:
 
   def _resync(self, k: int, url: str) -> None:
     with self._lock:
+      if self._adapters is not None and self._adapters.current is not None:
+        try:  # the current adapter again, on the start-up base
+          named = lambda u: self._name_version(u, self.version)
+          self._adapters.load_all([url], self.version, "its start-up checkpoint", named)
+        except adapters.PushError as e:
+          raise SamplerError(f"{e} (the server restarted)") from None
+        return
       if self.weight_sync == "disk":
         path = os.path.join(os.path.abspath(self.sync_dir), f"v{self.version}")
         self._reload(url, path, self.version)
@@ -378,7 +411,7 @@ class VLLMSampler:
       except weights.TransferError as e:
         raise SamplerError(str(e)) from None
 
-  def _sync_transfer(self, params: Any, version: int) -> None:
+  def _sync_transfer(self, params: Any, version: int) -> int | None:
     with self._lock:
       for link in self._links:
         try:
@@ -389,9 +422,11 @@ class VLLMSampler:
         except weights.TransferError as e:
           raise SamplerError(str(e)) from None
       self.version, self._served = version, params
+      return self._serve_base()
 
-  def _sync_disk(self, params: Any, version: int) -> None:
-    """Writes `params` to `sync_dir/v{version}` and reloads every server from it."""
+  def _sync_disk(self, params: Any, version: int) -> int | None:
+    """Writes `params` to `sync_dir/v{version}` and reloads every server from it; returns
+    the version of the adapter requests named until now (None: the base)."""
     if self.sync_dir is None:
       raise ValueError(
         "sync_dir: VLLMSampler needs a directory the servers can read to push weights"
@@ -401,9 +436,10 @@ class VLLMSampler:
     with self._lock:
       for url in self.urls:
         self._reload(url, path, version)
-      self.version = version
+      self.version, old = version, self._serve_base()
     if jax.process_index() == 0:  # multi-host: the writer of sync_dir prunes it
       self._prune(version)
+    return old
 
   def _reload(self, url: str, path: str, version: int) -> None:
     """One server reloads the checkpoint at `path` and takes `version` as its name."""
@@ -411,6 +447,10 @@ class VLLMSampler:
       url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}
     )
     self._post(url, "/reset_prefix_cache", {})
+    self._name_version(url, version)
+
+  def _name_version(self, url: str, version: int) -> None:
+    """The server reports `version` from now on (a restart shows as "default")."""
     try:
       self._post(url, "/update_weight_version", {"new_version": str(version)})
     except SamplerError:

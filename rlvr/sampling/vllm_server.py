@@ -20,6 +20,8 @@ import urllib.request
 
 from rlvr.sampling.http import auth_headers
 
+# The values vLLM 0.32 accepts for --max-lora-rank.
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -62,6 +64,9 @@ class ServerOptions:
   # Mixture of experts: return the experts each token was routed to (routing replay). vLLM
   # 0.32 captures them in its V2 model runner only, which needs Triton: GPU servers.
   routed_experts: bool = False
+  # LoRA adapters of at most this rank, loaded at run time (`VLLMSampler(lora_adapters=True)`);
+  # 0: none. Two at a time: the version being replaced and the new one.
+  lora_rank: int = 0
   extra_args: tuple[str, ...] = ()
 
   def __post_init__(self):
@@ -70,6 +75,16 @@ class ServerOptions:
         "routed_experts: needs a GPU server (vLLM 0.32 captures routed experts in its V2 "
         "model runner, which needs Triton; the CPU build has none)"
       )
+    if not isinstance(self.lora_rank, int) or not 0 <= self.lora_rank <= MAX_LORA_RANKS[-1]:
+      raise ValueError(
+        f"lora_rank: must be an int in [0, {MAX_LORA_RANKS[-1]}] (0 = no adapters), "
+        f"got {self.lora_rank!r}"
+      )
+
+  @property
+  def max_lora_rank(self) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds `lora_rank`."""
+    return next(r for r in MAX_LORA_RANKS if r >= self.lora_rank)
 
   def command(self, model_dir: str, port: int, python: str) -> list[str]:
     cmd = [
@@ -104,6 +119,8 @@ class ServerOptions:
       cmd += ["--weight-transfer-config", json.dumps({"backend": self.weight_transfer})]
     if self.routed_experts:
       cmd.append("--enable-return-routed-experts")  # needs prefix caching (vLLM's default)
+    if self.lora_rank:
+      cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", "2"]
     return cmd + list(self.extra_args)
 
   def env(self) -> dict[str, str]:
@@ -114,6 +131,8 @@ class ServerOptions:
       env["VLLM_SERVER_DEV_MODE"] = "1"
     if self.routed_experts:
       env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    if self.lora_rank:
+      env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter and unload
     return env
 
 
