@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from rlvr import learner, model
 from rlvr.common import settings
-from rlvr.model import lora
 from rlvr.learner import state as learner_state
+from rlvr.model import lora
 from rlvr.model.lora import LoraConfig
 from rlvr.parallel import sharding
 from rlvr.run import checkpoint
@@ -274,9 +274,7 @@ def test_merged_export_loads_in_transformers(trained, tmp_path):
   cfg, params, lc, state = trained
   out = checkpoint.export_hf(str(tmp_path / "merged"), cfg, state)
   tokens = _tokens((2, 33), seed=4)
-  ours = np.asarray(
-    model.forward(learner.policy_params(state), jnp.asarray(tokens), config=cfg)
-  )
+  ours = np.asarray(model.forward(learner.policy_params(state), jnp.asarray(tokens), config=cfg))
   ref = _torch_logits(out, tokens)
   np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
   base = np.asarray(model.forward(params, jnp.asarray(tokens), config=cfg))

@@ -71,9 +71,9 @@ def test_adapter_gradient_is_the_chain_rule_through_the_merged_kernels(qwen2):
   normalizer = objectives.loss_normalizer(
     learner.loss_mask(batch, lc), lc.aggregation, batch.sequences_bt
   )
-  d_merged = jax.grad(
-    lambda p: update_lib.micro_loss(p, None, batch, normalizer, cfg, lc)[0]
-  )(merged)
+  d_merged = jax.grad(lambda p: update_lib.micro_loss(p, None, batch, normalizer, cfg, lc)[0])(
+    merged
+  )
   d_flat = traverse_util.flatten_dict(d_merged)
   ad = traverse_util.flatten_dict(state.params)
   got_flat = traverse_util.flatten_dict(got)

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from rlvr import objectives
-from rlvr.model.lora import LoraConfig
 from rlvr.model import attention, decoder
+from rlvr.model.lora import LoraConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlvr.model import lora as lora_lib
 from rlvr.learner.config import DTYPES, LearnerConfig
 from rlvr.model import decoder
+from rlvr.model import lora as lora_lib
 from rlvr.model.config import ModelConfig
 from rlvr.parallel import sharding
 

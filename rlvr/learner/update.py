@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import optax
 
 from rlvr import objectives
-from rlvr.model import lora as lora_lib
 from rlvr.learner.config import LearnerConfig, TrainBatch
 from rlvr.learner.logprobs import (
   completion_mask,
@@ -22,13 +21,14 @@ from rlvr.learner.logprobs import (
 )
 from rlvr.learner.state import (
   LORA_DROPOUT,
-  reference_params,
   TrainState,
   learning_rate_schedule,
   make_optimizer,
+  reference_params,
   state_shardings,
 )
 from rlvr.model import decoder
+from rlvr.model import lora as lora_lib
 from rlvr.model import moe as moe_lib
 from rlvr.model.config import ModelConfig
 from rlvr.parallel import sharding
@@ -187,9 +187,9 @@ def train_step(
   zeros = jax.tree.map(jnp.zeros_like, state.params)
   first = jax.tree.map(lambda x: x[0], micro)
   sums_shape = jax.eval_shape(
-    lambda: loss_fn(state.params, reference_params(state), first, normalizer, model_cfg, cfg, mesh, share)[
-      1
-    ][0]
+    lambda: loss_fn(
+      state.params, reference_params(state), first, normalizer, model_cfg, cfg, mesh, share
+    )[1][0]
   )
   sums0 = {k: jnp.zeros(v.shape, jnp.float32) for k, v in sums_shape.items()}
   sums0["loss"] = jnp.zeros((), jnp.float32)
