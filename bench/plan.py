@@ -129,6 +129,9 @@ def plan(cfg, devices: int) -> dict:
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   params = _bytes_per_device(state.params)
   opt = _bytes_per_device(state.opt_state)
+  # LoRA: params are the adapters; the frozen base (compute dtype) rides in the state.
+  base = getattr(state, "base", None)
+  frozen = _bytes_per_device(base) if base is not None else 0
   inputs, temps = mem.argument_size_in_bytes, mem.temp_size_in_bytes
   # Outputs alias the donated state; what is not aliased needs room of its own.
   outputs = max(mem.output_size_in_bytes - mem.alias_size_in_bytes, 0)
@@ -139,15 +142,23 @@ def plan(cfg, devices: int) -> dict:
     x.shape, x.dtype, sharding=sharding.batch_sharding(mesh, len(x.shape))
   )
   logp_fn = jax.jit(functools.partial(learner.batch_logprobs, model_cfg=model_cfg, cfg=lc))
-  lp_mem = logp_fn.lower(state.params, jax.tree.map(placed, batch)).compile().memory_analysis()
+  # With LoRA it scores the merged weights (a base-sized argument) beside the state.
+  policy = state.params if base is None else base
+  lp_mem = logp_fn.lower(policy, jax.tree.map(placed, batch)).compile().memory_analysis()
+  resident = opt if base is None else opt + params + frozen
   lp_total = (
-    opt + lp_mem.argument_size_in_bytes + lp_mem.temp_size_in_bytes + lp_mem.output_size_in_bytes
+    resident
+    + lp_mem.argument_size_in_bytes
+    + lp_mem.temp_size_in_bytes
+    + lp_mem.output_size_in_bytes
   )
   dp = mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
   return {
     "config": cfg.workdir,
     "model": model_name,
-    "params_b": sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)) / 1e9,
+    "params_b": _params(model_cfg)[0] / 1e9,
+    "trained_params_b": sum(math.prod(x.shape) for x in jax.tree.leaves(state.params)) / 1e9,
+    "lora_rank": lc.lora.rank,
     "active_params_b": _params(model_cfg)[1] / 1e9,
     "devices": devices,
     "mesh": dict(mesh.shape),
@@ -161,6 +172,7 @@ def plan(cfg, devices: int) -> dict:
     "packed": rl.pack,
     "gib_per_device": {
       "params": params / GIB,
+      "frozen base (LoRA)": frozen / GIB,
       "optimizer": opt / GIB,
       "inputs (state + batch)": inputs / GIB,
       "temporaries (grads, activations)": temps / GIB,
@@ -192,7 +204,8 @@ def main(argv):
   g = out["gib_per_device"]
   print(
     f"{out['config']}: {out['model']} ({out['params_b']:.1f}B, {out['active_params_b']:.1f}B "
-    f"active) on {out['devices']} devices "
+    f"active{', LoRA rank %d: %.3fB trained' % (out['lora_rank'], out['trained_params_b']) if out['lora_rank'] else ''}) "
+    f"on {out['devices']} devices "
     f"{out['mesh']}, {out['rows_per_step']} rows x {out['seq_len']} tokens, "
     f"{out['micro_batches']} micro-batches ({out['rows_per_device_per_micro_batch']:g} "
     f"rows/device each), packed={out['packed']}, remat={out['remat']}, "

@@ -52,6 +52,13 @@ flags.DEFINE_bool(
   "for routing replay (rl.learner.routing_replay).",
 )
 
+flags.DEFINE_integer(
+  "lora_rank",
+  0,
+  "Serve LoRA adapters of up to this rank, loaded at run time (the RL run's "
+  "sampler.lora_adapters pushes one per version); 0 = off.",
+)
+
 
 def max_model_len(model_dir: str) -> int:
   """--max_model_len; when not given, capped at the model's max_position_embeddings (vLLM
@@ -83,6 +90,7 @@ def main(argv):
     api_key=FLAGS.api_key,
     weight_transfer=FLAGS.weight_transfer,
     routed_experts=FLAGS.routed_experts,
+    lora_rank=FLAGS.lora_rank,
   )
   server = start_server(FLAGS.model, options, python=FLAGS.python)
   stop = threading.Event()

@@ -120,8 +120,14 @@ def _targeted(params, cfg: LoraConfig) -> list[tuple[str, ...]]:
       if p[-1] in IN_DIMS and "moe" not in p and fnmatch.fnmatchcase(p[-1], pattern)
     ]
     if not hits:
+      experts = any(p[-1] in IN_DIMS and fnmatch.fnmatchcase(p[-1], pattern) for p in paths)
       raise ValueError(
-        f"targets: {pattern!r} matches no parameter of this model (e.g. lm_head of a tied model)"
+        f"targets: {pattern!r} matches "
+        + (
+          "only mixture-of-experts kernels, which are not adapted (name the attention ones)"
+          if experts
+          else "no parameter of this model (e.g. lm_head of a tied model)"
+        )
       )
     chosen += [p for p in hits if p not in chosen]
   return sorted(chosen)

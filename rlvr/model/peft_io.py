@@ -107,7 +107,8 @@ def save_adapter(
   entries = _entries(model_cfg)
   kernels = _kernels(adapters)
   np_dtype = None if dtype is None else np.dtype(jnp.dtype(dtype))
-  tensors: dict[str, np.ndarray] = {}
+  if not kernels:
+    raise AdapterError("adapters: empty; nothing to save")
   for kpath, (a, b) in kernels.items():
     where = "/".join(kpath)
     entry = entries.get(kpath)
@@ -119,12 +120,14 @@ def save_adapter(
           f"adapters: {where}/{name} has shape {tuple(x.shape)}, this model with rank "
           f"{lora_cfg.rank} needs {expected}"
         )
+  r = lora_cfg.rank
+  tensors: dict[str, np.ndarray] = {}
+  for kpath, (a, b) in kernels.items():
     a, b = hf_io.to_host(a), hf_io.to_host(b)
     if np_dtype is not None:
       a, b = a.astype(np_dtype), b.astype(np_dtype)
-    r = lora_cfg.rank
     for i in range(a.shape[0]):
-      module = _module(entry, i)
+      module = _module(entries[kpath], i)
       tensors[module + ".lora_A.weight"] = np.ascontiguousarray(a[i].reshape(-1, r).T)
       tensors[module + ".lora_B.weight"] = np.ascontiguousarray(b[i].reshape(r, -1).T)
   if jax.process_index() == 0:

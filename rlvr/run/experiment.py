@@ -155,6 +155,10 @@ def check(cfg) -> Settings:
   if isinstance(every, bool) or not isinstance(every, int) or every < 0:
     raise ValueError(f"rl.log_samples_every: must be an integer >= 0 (0 = off), got {every!r}")
   lc, rl = s.rl_learner, s.rl_loop
+  if cfg.sampler.lora_adapters and not lc.lora.rank:
+    raise ValueError(
+      "sampler.lora_adapters: pushes LoRA adapters, which need rl.learner.lora.rank > 0"
+    )
   if rl.pack and lc.attention == "cudnn":
     raise ValueError(
       "rl.loop.pack: packed rows (several sequences per row) need "

@@ -82,6 +82,7 @@ def make_sampler(run: Run, model_cfg, params, version: int = 0):
     request_timeout_s=c.request_timeout_s,
     retries=c.retries,
     backoff_s=c.backoff_s,
+    lora_adapters=c.lora_adapters,
     api_key=c.api_key or None,  # default: $VLLM_API_KEY
     weight_sync=c.weight_sync,  # "disk" or "transfer" (vLLM's weight-transfer API)
     transfer_backend=c.transfer_backend,

@@ -14,6 +14,7 @@ load (its message says why), 404 for an unknown name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from typing import Any, Callable, Sequence
@@ -74,20 +75,20 @@ class AdapterSync:
   def name(self, version: int) -> str:
     return adapter_name(self.model_name, version)
 
-  def write(self, weights: Adapted, version: int, held: Any, dtype: Any = None) -> str:
+  def write(self, weights: Adapted, version: int, held: str, dtype: Any = None) -> str:
     """`weights.adapters` as a PEFT directory for `version`; PushError when they do not fit
-    the model (the servers still serve version `held`)."""
+    the model (the servers still serve `held`, e.g. "version 3")."""
     try:
       return peft_io.save_adapter(
         self.path(version), self.model_config, weights.cfg, weights.adapters, dtype=dtype
       )
     except peft_io.AdapterError as e:
       raise PushError(
-        f"LoRA adapter of version {version}: {e}; the servers still serve version {held}"
+        f"LoRA adapter of version {version}: {e}; the servers still serve {held}"
       ) from None
 
   def load_all(
-    self, urls: Sequence[str], version: int, held: Any, loaded: Callable[[str], None]
+    self, urls: Sequence[str], version: int, held: str, loaded: Callable[[str], None]
   ) -> None:
     """Loads `version`'s adapter on every server (`loaded(url)` after each), or raises
     PushError naming the first that failed, once the others have unloaded it again."""
@@ -96,10 +97,11 @@ class AdapterSync:
         self.load(url, version)
       except CallError as e:
         for done in urls[:k]:
-          self.unload(done, version)
+          with contextlib.suppress(CallError):
+            self.unload(done, version)
         raise PushError(
           f"vLLM server {url}: loading the LoRA adapter of version {version} "
-          f"({self.path(version)}) failed: {e}; it still serves version {held}"
+          f"({self.path(version)}) failed: {e}; it still serves {held}"
         ) from None
       loaded(url)
 
@@ -138,12 +140,10 @@ class AdapterSync:
     raise CallError(f"{len(failures)} tries: {'; '.join(failures)}")
 
   def load(self, url: str, version: int) -> None:
-    """Loads `version`'s adapter on the server at `url` (CallError on failure)."""
-    self._call(
-      url,
-      "/v1/load_lora_adapter",
-      {"lora_name": self.name(version), "lora_path": self.path(version)},
-    )
+    """Loads `version`'s adapter on the server at `url` (CallError on failure). In place:
+    a server that outlived an earlier run may hold this name already."""
+    payload = {"lora_name": self.name(version), "lora_path": self.path(version)}
+    self._call(url, "/v1/load_lora_adapter", dict(payload, load_inplace=True))
 
   def unload(self, url: str, version: int) -> None:
     """Unloads `version`'s adapter; one the server does not hold (a restart) is no error."""

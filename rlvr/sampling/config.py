@@ -31,6 +31,8 @@ class SamplerConfig:
   backoff_s: float = 1.0  # wait before the first retry, doubling after each
   api_key: str = ""  # servers bound beyond loopback (serve_vllm --api_key);
   # "" = the VLLM_API_KEY environment variable
+  lora_adapters: bool = False  # with rl.learner.lora: push each version as a LoRA adapter
+  # (servers started with LoRA on: serve_vllm --lora_rank), not as merged full weights
 
   def __post_init__(self):
     if self.kind not in KINDS:

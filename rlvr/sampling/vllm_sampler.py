@@ -350,9 +350,10 @@ class VLLMSampler:
     ad = self._adapters
     if ad is not None and isinstance(weights, lora.Adapted):
       try:
-        ad.write(weights, version, self.version, self.sync_dtype)
+        held = f"version {self.version}"
+        ad.write(weights, version, held, self.sync_dtype)
         with self._lock:
-          ad.load_all(self.urls, version, self.version, lambda u: self._name_version(u, version))
+          ad.load_all(self.urls, version, held, lambda u: self._name_version(u, version))
           self.version, old = version, ad.serve(version)
       except adapters.PushError as e:
         raise SamplerError(str(e)) from None
