@@ -5,7 +5,9 @@ every policy loss trains the adapters."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -144,3 +146,32 @@ def test_every_policy_loss_trains_the_adapters(qwen2, policy_loss):
     assert np.isfinite(float(m["loss"])), policy_loss
   after = float((np.asarray(fn(learner.policy_params(state), batch)) * mask * adv).sum())
   assert after > before, (policy_loss, before, after)  # advantage-weighted log-lik up
+
+
+def test_exported_adapter_continues_training_from_where_it_was(qwen2, tmp_path):
+  """export_adapter writes the PEFT directory (tests/test_peft_export.py: PEFT loads it);
+  lora.init_from starts a state from it with the same adapters; a mismatched rank is
+  named."""
+  from rlvr.run import checkpoint
+
+  cfg, params = qwen2
+  lc = worker.learner_config(lora=LORA, learning_rate=1e-2)
+  state = learner.init_state(cfg, lc, params, _mesh())
+  update = learner.make_update_fn(cfg, lc, _mesh())
+  for step in range(2):
+    state, _ = update(state, _batch(cfg, step, old_from=learner.policy_params(state), lc=lc))
+  out = checkpoint.export_adapter(str(tmp_path / "adapter"), cfg, state)
+  assert sorted(os.listdir(out)) == ["adapter_config.json", "adapter_model.safetensors"]
+  full = learner.TrainState(params=params, opt_state=None, step=0, rng=None)
+  assert checkpoint.export_adapter(str(tmp_path / "none"), cfg, full) is None
+  again = dataclasses.replace(lc, lora=dataclasses.replace(LORA, init_from=out))
+  resumed = learner.init_state(cfg, again, params, _mesh())
+  jax.tree.map(
+    lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+    resumed.params,
+    state.params,
+  )
+  assert int(resumed.step) == 0  # a new run from those adapters, fresh optimizer
+  wrong = dataclasses.replace(lc, lora=dataclasses.replace(LORA, rank=8, init_from=out))
+  with pytest.raises(ValueError, match="lora.init_from: .* has rank 4, lora.rank is 8"):
+    learner.init_state(cfg, wrong, params, _mesh())

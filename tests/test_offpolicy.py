@@ -175,14 +175,21 @@ def _train(workdir, *args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("environment", ["single_turn", "echo_env:make"])
+@pytest.mark.parametrize("environment", ["single_turn", "echo_env:make", "lora"])
 def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
   vllm_server, served_model_dir, tmp_path, environment
 ):
   """Also with multi-turn episodes of a user's environment (tests/echo_env.py): the buffer
-  kept with the checkpoint holds their masks, and the resumed run is the same run."""
+  kept with the checkpoint holds their masks, and the resumed run is the same run; and with
+  LoRA in RL (adapters and the frozen base in the checkpoint; this server takes the merged
+  weights, tests/test_vllm_lora.py the adapters)."""
   steps = 6
-  flags = [f"--config.env.name={environment}", "--config.env.max_total_tokens=120"]
+  flags = ["--config.env.max_total_tokens=120"]
+  if environment == "lora":
+    flags += ["--config.rl.learner.lora.rank=8", "--config.rl.learner.lora.dropout=0.1"]
+    flags += ["--config.rl.learner.learning_rate=2e-3"]
+    environment = "single_turn"
+  flags.append(f"--config.env.name={environment}")
   _, full = _train(tmp_path / "full", vllm_server, served_model_dir, steps, *flags)
   if environment != "single_turn":
     assert sum(r["turns_mean"] for r in full) / steps > 1

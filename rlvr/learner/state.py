@@ -10,10 +10,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from flax import traverse_util
 
 from rlvr.learner.config import DTYPES, LearnerConfig
 from rlvr.model import decoder
 from rlvr.model import lora as lora_lib
+from rlvr.model import peft_io
 from rlvr.model.config import ModelConfig
 from rlvr.parallel import sharding
 
@@ -118,13 +120,14 @@ def state_shardings(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None
   return LoraTrainState(**kw, base=model_sh, lora=cfg.lora) if lora else TrainState(**kw)
 
 
-def new_state(params, rng, cfg: LearnerConfig) -> TrainState:
+def new_state(params, rng, cfg: LearnerConfig, adapters=None) -> TrainState:
   """Fresh TrainState: f32 master params, zero optimizer moments, step 0. With LoRA:
   the base in the compute dtype (the KL reference too), fresh f32 adapters as params."""
   compute = DTYPES[cfg.compute_dtype]
   if cfg.lora.rank:
     base = jax.tree.map(lambda x: x.astype(compute), params)
-    adapters = lora_lib.init_adapters(base, cfg.lora, jax.random.fold_in(rng, LORA_INIT))
+    if adapters is None:  # fresh ones; given: loaded to continue training (`init_state`)
+      adapters = lora_lib.init_adapters(base, cfg.lora, jax.random.fold_in(rng, LORA_INIT))
     return LoraTrainState(
       params=adapters,
       opt_state=make_optimizer(cfg).init(adapters),
@@ -161,4 +164,26 @@ def init_state(
   """
   rng = jax.random.PRNGKey(0) if rng is None else rng
   sh = state_shardings(model_cfg, cfg, mesh, rules)
-  return jax.jit(functools.partial(new_state, cfg=cfg), out_shardings=sh)(params, rng)
+  adapters = load_adapters(model_cfg, cfg.lora) if cfg.lora.rank and cfg.lora.init_from else None
+  init = jax.jit(functools.partial(new_state, cfg=cfg), out_shardings=sh)
+  return init(params, rng, adapters=adapters)
+
+
+def load_adapters(model_cfg: ModelConfig, cfg: lora_lib.LoraConfig):
+  """The adapters saved at `cfg.init_from` (PEFT layout), which must match `cfg`'s rank,
+  alpha and targets."""
+  saved, adapters = peft_io.load_adapter(cfg.init_from, model_cfg)
+  for field in ("rank", "alpha"):
+    if getattr(saved, field) != getattr(cfg, field):
+      raise ValueError(
+        f"lora.init_from: {cfg.init_from} has {field} {getattr(saved, field)}, "
+        f"lora.{field} is {getattr(cfg, field)}"
+      )
+  want = traverse_util.flatten_dict(lora_lib.adapter_shapes(model_cfg, cfg))
+  have = traverse_util.flatten_dict(adapters)
+  if set(want) != set(have):
+    names = lambda keys: sorted({k[-2] for k in keys})
+    raise ValueError(
+      f"lora.init_from: {cfg.init_from} adapts {names(have)}, lora.targets select {names(want)}"
+    )
+  return adapters

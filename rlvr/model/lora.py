@@ -80,6 +80,7 @@ class LoraConfig:
   alpha: float = 64.0
   dropout: float = 0.05
   targets: tuple[str, ...] = ALL_LINEAR  # fnmatch patterns over IN_DIMS' names
+  init_from: str = ""  # a PEFT adapter directory to start from (rlvr.model.peft_io); "" = fresh
 
   def __post_init__(self):
     if isinstance(self.targets, str):

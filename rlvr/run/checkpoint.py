@@ -36,7 +36,7 @@ import orbax.checkpoint as ocp
 
 from rlvr import learner
 from rlvr.common import fileio
-from rlvr.model import decoder, hf_io
+from rlvr.model import decoder, hf_io, peft_io
 from rlvr.model.config import ModelConfig
 from rlvr.parallel import distributed
 
@@ -419,3 +419,11 @@ def export_hf(
   state is written merged."""
   params = learner.policy_params(state)
   return hf_io.save_hf(path, model_cfg, params, tokenizer=tokenizer, dtype=dtype)
+
+
+def export_adapter(path: str, model_cfg: ModelConfig, state: learner.TrainState) -> str | None:
+  """Writes a LoRA state's adapters as a PEFT directory (PEFT's and vLLM's loaders, and
+  `lora.init_from` to continue training, read it); None for a full fine-tuning state."""
+  if not isinstance(state, learner.LoraTrainState):
+    return None
+  return peft_io.save_adapter(path, model_cfg, state.lora, state.params)

@@ -380,4 +380,5 @@ def _run(cfg, checked, t_start: float) -> dict:
       checkpoint.export_hf(
         os.path.join(r.workdir, "policy"), model_cfg, state, tokenizer=r.tokenizer
       )
+      checkpoint.export_adapter(os.path.join(r.workdir, "policy_adapter"), model_cfg, state)
   return write_summary(r, method, time.time() - t_start)
