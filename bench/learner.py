@@ -5,10 +5,14 @@ r"""Learner update-step throughput: ours (JAX) vs transformers' PyTorch model, s
   python bench/learner.py --seqs=256,512,1024,2048 --tokens=4096   # T-scaling table
   python bench/learner.py --model=moe          # 27M Qwen3-MoE (16 experts, 4 per token)
   python bench/learner.py --onednn             # XLA's oneDNN CPU dot path (off by default)
+  python bench/learner.py --lora=16            # + LoRA rank 16: ours full vs ours LoRA vs PEFT
 
 Both sides run forward + backward + AdamW on the same token-mean clipped
 surrogate over the last 3/4 of each row. Prints tokens/s of each, their ratio,
 and our model-FLOPs utilisation against a matmul peak measured here with jax.
+With --lora=R also our step training rank-R adapters on every projection (frozen base)
+beside our full step, with the memory XLA plans for each (state + batch + temporaries),
+and transformers + PEFT training the same adapters.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ flags.DEFINE_list(
   "(e.g. 256,512,1024,2048) and print a table; overrides --batch / --seq.",
 )
 flags.DEFINE_integer("tokens", 4096, "Tokens per step for --seqs.")
+flags.DEFINE_integer("lora", 0, "Also LoRA of this rank (alpha 2 x rank), ours and PEFT's.")
 flags.DEFINE_bool(
   "onednn",
   False,
@@ -86,11 +91,13 @@ def make_batch(cfg, batch, seq):
   return tokens, mask, adv
 
 
-def bench_ours(cfg, tokens, mask, adv):
+def bench_ours(cfg, tokens, mask, adv, lora_rank: int = 0):
+  """(s/step, compile s, loss, GiB XLA plans for the step) of our update."""
   import jax
   import jax.numpy as jnp
 
   from rlvr import learner, model
+  from rlvr.model.lora import LoraConfig
   from rlvr.parallel import sharding
 
   lc = learner.LearnerConfig(
@@ -99,12 +106,12 @@ def bench_ours(cfg, tokens, mask, adv):
     remat=FLAGS.remat,
     dual_clip=None,
     scan_layers=FLAGS.scan_layers,
+    lora=LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank, dropout=0.0),
   )
   mesh = sharding.make_mesh({"fsdp": -1})
   params = model.init(cfg, jax.random.key(0))
   state = learner.init_state(cfg, lc, params, mesh)
   del params
-  update = learner.make_update_fn(cfg, lc, mesh)
   batch = learner.TrainBatch(
     tokens_bt=jnp.asarray(tokens),
     segment_bt=jnp.ones_like(tokens),
@@ -112,6 +119,13 @@ def bench_ours(cfg, tokens, mask, adv):
     advantages=jnp.asarray(adv),
   )
   t = time.perf_counter()
+  update = learner.jit_train_step(cfg, lc, mesh, batch).lower(state, batch).compile()
+  mem = update.memory_analysis()
+  gib = (
+    mem.argument_size_in_bytes
+    + mem.temp_size_in_bytes
+    + max(mem.output_size_in_bytes - mem.alias_size_in_bytes, 0)
+  ) / 1024**3
   state, m = update(state, batch)
   jax.block_until_ready(m)
   compile_s = time.perf_counter() - t
@@ -119,10 +133,10 @@ def bench_ours(cfg, tokens, mask, adv):
   for _ in range(FLAGS.steps):
     state, m = update(state, batch)
   jax.block_until_ready(m)
-  return (time.perf_counter() - t) / FLAGS.steps, compile_s, float(m["loss"])
+  return (time.perf_counter() - t) / FLAGS.steps, compile_s, float(m["loss"]), gib
 
 
-def bench_torch(cfg, tokens, mask, adv):
+def bench_torch(cfg, tokens, mask, adv, lora_rank: int = 0):
   import torch
   import transformers
 
@@ -133,7 +147,15 @@ def bench_torch(cfg, tokens, mask, adv):
   tm = getattr(transformers, arch)(config_cls(**hf)).train()
   if FLAGS.dtype == "bfloat16":
     tm = tm.to(torch.bfloat16)
-  opt = torch.optim.AdamW(tm.parameters(), lr=1e-6, weight_decay=0.01)
+  if lora_rank:
+    import peft
+
+    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    tm = peft.get_peft_model(
+      tm, peft.LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=modules)
+    )
+  trained = [p for p in tm.parameters() if p.requires_grad]
+  opt = torch.optim.AdamW(trained, lr=1e-6, weight_decay=0.01)
   tok = torch.tensor(tokens, dtype=torch.long)
   m = torch.tensor(mask)[:, 1:]
   a = torch.tensor(adv)[:, None]
@@ -146,7 +168,7 @@ def bench_torch(cfg, tokens, mask, adv):
     loss = (per * m).sum() / m.sum()
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_(trained, 1.0)
     opt.step()
     return float(loss)
 
@@ -158,15 +180,16 @@ def bench_torch(cfg, tokens, mask, adv):
 
 
 def _compare(cfg, batch, seq, peak):
-  """One row: ours and (unless skipped) torch on the same batch; returns tokens/s of each."""
+  """One row: ours and (unless skipped) torch on the same batch, and with --lora both again
+  with adapters; returns tokens/s of ours and torch (full fine-tuning)."""
   tokens, mask, adv = make_batch(cfg, batch, seq)
   n_tok = batch * seq
   flops = model_flops_per_token(cfg, seq) * n_tok
-  ours_s, compile_s, ours_loss = bench_ours(cfg, tokens, mask, adv)
+  ours_s, compile_s, ours_loss, gib = bench_ours(cfg, tokens, mask, adv)
   print(
     f"T={seq:5d} x {batch:3d} rows  ours:  {ours_s:.3f} s/step  {n_tok / ours_s:10,.0f} "
     f"tokens/s  MFU {flops / ours_s / peak:.1%}  (compile {compile_s:.1f}s, "
-    f"loss {ours_loss:.4f})",
+    f"loss {ours_loss:.4f}, XLA plans {gib:.2f} GiB)",
     flush=True,
   )
   torch_tps = None
@@ -179,6 +202,21 @@ def _compare(cfg, batch, seq, peak):
       f"ours/torch {torch_s / ours_s:.2f}x",
       flush=True,
     )
+  if FLAGS.lora:
+    lora_s, _, lora_loss, lora_gib = bench_ours(cfg, tokens, mask, adv, FLAGS.lora)
+    print(
+      f"T={seq:5d} x {batch:3d} rows  ours LoRA r{FLAGS.lora}: {lora_s:.3f} s/step  "
+      f"(loss {lora_loss:.4f}, XLA plans {lora_gib:.2f} GiB)  LoRA/full time "
+      f"{lora_s / ours_s:.2f}x, memory {lora_gib / gib:.2f}x",
+      flush=True,
+    )
+    if not FLAGS.skip_torch:
+      peft_s, peft_loss = bench_torch(cfg, tokens, mask, adv, FLAGS.lora)
+      print(
+        f"T={seq:5d} x {batch:3d} rows  torch+PEFT LoRA r{FLAGS.lora}: {peft_s:.3f} s/step "
+        f"(loss {peft_loss:.4f})  ours/PEFT {peft_s / lora_s:.2f}x",
+        flush=True,
+      )
   return n_tok / ours_s, torch_tps
 
 

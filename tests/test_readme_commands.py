@@ -62,6 +62,7 @@ RUN_HERE = {
   "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:score": "test_train_with_the_readme_reward_from_outside_the_library",
   "python -m launch.train --config=configs/tiny_rlvr.py --config.env.name=my_env:make": "test_train_with_the_readme_environment_from_outside_the_library",
   "python -m launch.train --config=configs/tiny_tool.py": "test_tiny_tool_calls_the_python_tool",
+  "python -m launch.train --config=configs/tiny_rlvr_lora.py": "test_tiny_rlvr_lora_trains_adapters_and_exports_them",
 }
 # The README's main command and `evaluate --run` (docs/launch.md): the embedded default end to
 # end (SFT, eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
@@ -552,6 +553,21 @@ def test_tiny_tool_calls_the_python_tool(tmp_path):
   called = [s for s in samples if s["tool_calls"]]
   assert called and all(["env"] == [k for k, _ in s["spans"][1:2]] for s in called)
   assert all("```output" in s["spans"][0][1] for s in called)
+
+
+@pytest.mark.slow
+def test_tiny_rlvr_lora_trains_adapters_and_exports_them(tmp_path):
+  """configs/tiny_rlvr_lora.py scaled down: GRPO on adapters; the run exports the merged
+  model and the adapter in PEFT's layout (which tests/test_peft_export.py loads in PEFT)."""
+  [command] = readme("python -m launch.train --config=configs/tiny_rlvr_lora.py")
+  workdir = tmp_path / "run"
+  flags = _small_run("--config.rl.steps=2", "--config.export_hf=True")
+  run(argv(command, extra=[f"--workdir={workdir}", *flags]))
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [0, 1]
+  adapter = json.loads((workdir / "policy_adapter" / "adapter_config.json").read_text())
+  assert (adapter["r"], adapter["lora_alpha"]) == (16, 32.0)
+  assert (workdir / "policy" / "model.safetensors").exists()
 
 
 @pytest.mark.slow

@@ -13,9 +13,8 @@ import optax
 from flax import traverse_util
 
 from rlvr.learner.config import DTYPES, LearnerConfig
-from rlvr.model import decoder
+from rlvr.model import decoder, peft_io
 from rlvr.model import lora as lora_lib
-from rlvr.model import peft_io
 from rlvr.model.config import ModelConfig
 from rlvr.parallel import sharding
 
