@@ -559,7 +559,7 @@ def test_tiny_tool_calls_the_python_tool(tmp_path):
 def test_tiny_rlvr_lora_trains_adapters_and_exports_them(tmp_path):
   """configs/tiny_rlvr_lora.py scaled down: GRPO on adapters; the run exports the merged
   model and the adapter in PEFT's layout (which tests/test_peft_export.py loads in PEFT)."""
-  [command] = readme("python -m launch.train --config=configs/tiny_rlvr_lora.py")
+  [command] = set(readme("python -m launch.train --config=configs/tiny_rlvr_lora.py"))
   workdir = tmp_path / "run"
   flags = _small_run("--config.rl.steps=2", "--config.export_hf=True")
   run(argv(command, extra=[f"--workdir={workdir}", *flags]))
