@@ -123,14 +123,19 @@ def plan(cfg, devices: int) -> dict:
     truncated=spec(per_row, jnp.bool_),
     positions_bt=spec((rows, t), jnp.int32) if rl.pack else None,
   )
-  compiled = learner.jit_train_step(model_cfg, lc, mesh, batch).lower(state, batch).compile()
+  # XLA's CPU compiler runs bf16 dots in f32 and hoists the upcast of a bf16 layer stack out
+  # of the layer loop: an f32 copy of the whole frozen base of a LoRA state (28 GiB at 7B), which
+  # an accelerator's native bf16 dots never make. Such a plan is compiled without that hoist.
+  base = getattr(state, "base", None)
+  opts = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"} if base is not None else {}
+  lowered = learner.jit_train_step(model_cfg, lc, mesh, batch).lower(state, batch)
+  compiled = lowered.compile(compiler_options=opts)
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   params = _bytes_per_device(state.params)
   opt = _bytes_per_device(state.opt_state)
   # LoRA: params are the adapters; the frozen base (compute dtype) rides in the state.
-  base = getattr(state, "base", None)
   frozen = _bytes_per_device(base) if base is not None else 0
   inputs, temps = mem.argument_size_in_bytes, mem.temp_size_in_bytes
   # Outputs alias the donated state; what is not aliased needs room of its own.
@@ -142,15 +147,11 @@ def plan(cfg, devices: int) -> dict:
     x.shape, x.dtype, sharding=sharding.batch_sharding(mesh, len(x.shape))
   )
   logp_fn = jax.jit(functools.partial(learner.batch_logprobs, model_cfg=model_cfg, cfg=lc))
-  # With LoRA it scores the merged weights (a base-sized argument) beside the state.
-  policy = state.params if base is None else base
-  lp_mem = logp_fn.lower(policy, jax.tree.map(placed, batch)).compile().memory_analysis()
-  resident = opt if base is None else opt + params + frozen
+  # With LoRA it scores the base with the adapters beside it (the state's own arrays).
+  policy = learner.policy_weights(state)
+  lp_mem = logp_fn.lower(policy, jax.tree.map(placed, batch)).compile(opts).memory_analysis()
   lp_total = (
-    resident
-    + lp_mem.argument_size_in_bytes
-    + lp_mem.temp_size_in_bytes
-    + lp_mem.output_size_in_bytes
+    opt + lp_mem.argument_size_in_bytes + lp_mem.temp_size_in_bytes + lp_mem.output_size_in_bytes
   )
   dp = mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
   return {

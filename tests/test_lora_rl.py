@@ -54,6 +54,51 @@ def _random_b(adapters, seed=1, std=0.05):
   )
 
 
+MIXED_MOE = dict(  # layers 0-1 and 3 sparse, 2 dense: three layer stacks
+  family="qwen3_moe",
+  num_layers=4,
+  hidden_size=64,
+  intermediate_size=96,
+  num_heads=4,
+  num_kv_heads=1,
+  num_experts=6,
+  num_experts_per_tok=3,
+  moe_intermediate_size=24,
+  mlp_only_layers=[2],
+  tie_word_embeddings=False,
+)
+
+
+@pytest.mark.parametrize(
+  "family,scan_layers,targets",
+  [
+    ("qwen2", True, lora.ALL_LINEAR),
+    ("qwen2", False, lora.ALL_LINEAR),
+    ("moe", True, ("*",)),  # every stack's attention, the dense layer's MLP, the LM head
+  ],
+)
+def test_adapters_beside_the_base_equal_the_merged_model(
+  tiny_dirs, tmp_path, family, scan_layers, targets
+):
+  """The learner's forward keeps the layer stacks' adapters apart from the base (x @ W +
+  x @ A @ sB inside each layer): log-probs and entropies equal the merged model's."""
+  if family == "moe":
+    cfg, params = model.load_hf(model.make_tiny(str(tmp_path / "moe"), seed=3, **MIXED_MOE))
+    assert len({g.name for g in model.decoder.layer_groups(cfg)}) == 3
+  else:
+    cfg, params = model.load_hf(tiny_dirs[family])
+  lc_cfg = LoraConfig(rank=4, alpha=8.0, dropout=0.0, targets=targets)
+  adapters = _random_b(lora.init_adapters(params, lc_cfg, jax.random.key(2)))
+  lc = worker.learner_config(lora=lc_cfg, scan_layers=scan_layers)
+  batch = _batch(cfg, 3)
+  apart = learner.logprobs.sequence_logprobs(lora.Adapted(params, adapters, lc_cfg), batch, cfg, lc)
+  merged = learner.logprobs.sequence_logprobs(lora.merge(params, adapters, lc_cfg), batch, cfg, lc)
+  base = learner.logprobs.sequence_logprobs(params, batch, cfg, lc)
+  assert float(jnp.abs(merged[0] - base[0]).max()) > 1e-2  # the adapters matter
+  for a, m in zip(apart, merged):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(m), rtol=0, atol=2e-5)
+
+
 def test_adapter_gradient_is_the_chain_rule_through_the_merged_kernels(qwen2):
   """Reference: autodiff of the loss with respect to the merged model's kernels W', then
   dA = s dW' B^T and dB = s A^T dW' by hand. The learner's gradient is read off one

@@ -11,14 +11,15 @@ import jax.numpy as jnp
 
 from rlvr import objectives
 from rlvr.learner.config import DTYPES, LearnerConfig, TrainBatch
-from rlvr.model import decoder, lowp
+from rlvr.model import decoder, lora, lowp
 from rlvr.model.config import ModelConfig
 
 
 def sequence_logprobs(
   params, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None
 ):
-  """(logp_bt, entropy_bt) of the batch's tokens under `params`, target-aligned.
+  """(logp_bt, entropy_bt) of the batch's tokens under `params` (a params pytree, or
+  `lora.Adapted`: adapters applied beside the frozen base), target-aligned.
 
   mesh: the learner's; a mixture of experts then runs its experts per device
   (expert-parallel over an "expert" axis, `model.forward`)."""
@@ -31,6 +32,7 @@ def sequence_logprobs_routing(
   """(logp_bt, entropy_bt, routing): `sequence_logprobs` plus what the routers of a
   mixture of experts did (`decoder.Routing`; None for a dense model). acc: a running
   gradient sum the layers' backward pass adds into (`model.forward(accumulate=)`)."""
+  params, adapters = lora.unmerged(params)  # lora.Adapted: the base and its adapters apart
   moe = model_cfg.is_moe
   routes = None
   if moe and cfg.routing_replay and batch.routes_bt is not None:
@@ -52,6 +54,7 @@ def sequence_logprobs_routing(
     routes=routes,
     dtype=dtype,
     accumulate=acc,
+    lora=adapters,
   )
   hidden, routing = out if moe else (out, None)
   head = params["embedding"].T if model_cfg.tie_word_embeddings else params["lm_head"]
@@ -100,6 +103,6 @@ def batch_logprobs(
 
 def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None):
   """Jitted `(params, batch) -> logp_bt` (`batch_logprobs`), e.g. to fix old logprobs
-  before several steps. params: the policy's weights (with LoRA: `policy_params(state, cfg)`);
+  before several steps. params: the policy's weights (`policy_weights(state)`);
   mesh: the learner's (a mixture of experts runs expert-parallel on it)."""
   return jax.jit(functools.partial(batch_logprobs, model_cfg=model_cfg, cfg=cfg, mesh=mesh))

@@ -17,7 +17,7 @@ import numpy as np
 from rlvr import objectives
 from rlvr.learner import packing
 from rlvr.learner.logprobs import completion_mask
-from rlvr.learner.state import policy_params
+from rlvr.learner.state import policy_weights
 
 
 def mini_batches(groups: Sequence, cfg, rng: np.random.Generator) -> list[list]:
@@ -82,14 +82,14 @@ def multi_step_update(
   tokens, `drift_kl`).
   """
   rng = rng or np.random.default_rng(0)
-  batches = fix_old_logprobs(policy_params(state), logp_fn, batches, old_logp)
+  batches = fix_old_logprobs(policy_weights(state), logp_fn, batches, old_logp)
   steps = []
   for epoch in range(epochs):
     order = range(len(batches)) if epoch == 0 else rng.permutation(len(batches))
     for i in order:
       state, m = update_fn(state, batches[i])
       steps.append(m)
-  return state, steps, drift_kl(policy_params(state), logp_fn, batches)
+  return state, steps, drift_kl(policy_weights(state), logp_fn, batches)
 
 
 def buffer_advantages(groups: Sequence, cfg) -> list[np.ndarray]:

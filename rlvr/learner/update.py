@@ -152,7 +152,8 @@ def train_step(
     dropout_rng = jax.random.fold_in(state.rng, LORA_DROPOUT)
 
     def loss_fn(adapters, *args):
-      return micro_loss(lora_lib.merge(state.base, adapters, cfg.lora, dropout_rng), *args)
+      dropped = lora_lib.drop(adapters, cfg.lora, dropout_rng)
+      return micro_loss(lora_lib.Adapted(state.base, dropped, cfg.lora), *args)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   micro = split_micro(batch, cfg.micro_count(batch.tokens_bt.shape[0]))

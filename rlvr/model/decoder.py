@@ -159,6 +159,8 @@ class Decoder(nn.Module):
       if group.sparse and routes is not None:
         given = routes[sparse_seen : sparse_seen + group.count]
       layers = jnp.arange(group.start, group.start + group.count)
+      if accumulate is not None and "lora" in self.variables:
+        raise ValueError("accumulate: LoRA adapters train without the in-backward accumulator")
       if accumulate is not None and not self.is_initializing():
         # Backward adds each layer's gradient into accumulate[group] in place (grad_accum).
         one = Block(c, pd, self.attention, group.sparse, self.mesh, parent=None)
@@ -178,7 +180,7 @@ class Decoder(nn.Module):
       elif self.scan_layers or self.is_initializing():
         scanned = nn.scan(
           block,
-          variable_axes={"params": 0},
+          variable_axes={"params": 0, "lora": 0},
           split_rngs={"params": True},
           in_axes=(nn.broadcast, nn.broadcast, 0, 0),
           length=group.count,
@@ -189,11 +191,15 @@ class Decoder(nn.Module):
         # The same stacked parameters, one layer after another in straight-line code: no
         # stacked [layers, ...] residuals written and read back by the scan (on CPU those
         # copies cost as much as the matmuls of a small model); compile time grows with depth.
-        stacked = self.variables["params"][group.name]
+        stacked = {
+          k: v[group.name]
+          for k, v in self.variables.items()
+          if k in ("params", "lora") and group.name in v
+        }
         each = []
         for i in range(group.count):
           (x, kv), y = block(c, pd, self.attention, group.sparse, self.mesh).apply(
-            {"params": jax.tree.map(lambda a, i=i: a[i], stacked)},
+            jax.tree.map(lambda a, i=i: a[i], stacked),
             (x, kv),
             positions_bt,
             segment_bt,
@@ -256,6 +262,7 @@ def forward(
   mesh: jax.sharding.Mesh | None = None,
   dtype=None,
   accumulate: Params | None = None,
+  lora: Params | None = None,
 ):
   """Logits [B,T,V] (f32) of `tokens_bt` [B,T].
 
@@ -284,6 +291,9 @@ def forward(
   `grad_accum.scan`, whose backward pass adds each layer's gradient into its slice of
   `accumulate[stack]` in place and returns the sum as the stack's gradient (every layer is
   recomputed in the backward pass, as with remat; `remat` / `remat_policy` are unused).
+  lora: LoRA adapters of the layer stacks, shaped as `rlvr.model.lora` makes them with B
+  scaled by alpha / rank (`lora.unmerged`): each adapted projection adds x @ A @ B inside
+  its layer (`layers.adapted_dense`).
   """
   if segment_ids is None:
     segment_ids = jnp.ones(tokens_bt.shape, jnp.int32)
@@ -303,7 +313,7 @@ def forward(
     mesh=mesh,
     dtype=dtype,
   ).apply(
-    {"params": params},
+    {"params": params} if lora is None else {"params": params, "lora": lora},
     tokens_bt,
     positions,
     segment_ids,

@@ -33,6 +33,19 @@ def dense(x, w):
   return y.reshape(x.shape[:-1] + w.shape[1:])
 
 
+def adapted_dense(module: nn.Module, name: str, x, w):
+  """`dense(x, w)` for the kernel `name` of `module`, plus (x @ A) @ B when the "lora"
+  collection holds an adapter for it: A [*in, r], B [r, *out], B already scaled by
+  alpha / rank (`rlvr.model.lora.unmerged`). The base kernel is used as it is: no merged
+  copy, and its gradient is never formed when only the adapters are trained."""
+  y = dense(x, w)
+  if module.has_variable("lora", name):
+    ab = module.get_variable("lora", name)
+    a, b = ab["lora_a"], ab["lora_b"]
+    y = y + dense(dense(x, a.reshape(-1, a.shape[-1]).astype(x.dtype)), b.astype(x.dtype))
+  return y
+
+
 def param(module: nn.Module, name: str, shape, axes, dtype, init=None):
   init = init or nn.initializers.normal(0.02)
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, dtype)
@@ -66,7 +79,7 @@ class Attention(nn.Module):
 
     def proj(name, heads, head_axis):
       w = param(self, f"{name}_kernel", (d, heads, hd), ("embed", head_axis, "head_dim"), pd)
-      y = dense(x_btd, w.astype(dt))
+      y = adapted_dense(self, f"{name}_kernel", x_btd, w.astype(dt))
       if c.qkv_bias:
         b = param(
           self, f"{name}_bias", (heads, hd), (head_axis, "head_dim"), pd, nn.initializers.zeros
@@ -107,7 +120,7 @@ class Attention(nn.Module):
         q, keys, values, segment_bt, kv_segment, index + jnp.arange(t), jnp.arange(keys.shape[1])
       )
     wo = param(self, "o_kernel", (h, hd, d), ("heads", "head_dim", "embed"), pd)
-    return dense(out, wo.reshape(h * hd, d).astype(dt)), kv
+    return adapted_dense(self, "o_kernel", out, wo.reshape(h * hd, d).astype(dt)), kv
 
 
 class MLP(nn.Module):
@@ -120,7 +133,9 @@ class MLP(nn.Module):
     wg = param(self, "gate_kernel", (c.hidden_size, c.intermediate_size), ("embed", "mlp"), pd)
     wu = param(self, "up_kernel", (c.hidden_size, c.intermediate_size), ("embed", "mlp"), pd)
     wd = param(self, "down_kernel", (c.intermediate_size, c.hidden_size), ("mlp", "embed"), pd)
-    return dense(nn.silu(dense(x, wg.astype(dt))) * dense(x, wu.astype(dt)), wd.astype(dt))
+    gate = adapted_dense(self, "gate_kernel", x, wg.astype(dt))
+    up = adapted_dense(self, "up_kernel", x, wu.astype(dt))
+    return adapted_dense(self, "down_kernel", nn.silu(gate) * up, wd.astype(dt))
 
 
 class MoE(nn.Module):

@@ -1,4 +1,4 @@
-"""LoRA adapters for the decoder, merged into the base weights on the fly.
+"""LoRA adapters for the decoder: beside the frozen base in training, merged for export.
 
 A targeted kernel W is read as the matrix [in, out] it applies (`layers.dense`
 contracts its leading "in" dims with x): q/k/v [embed | heads, head_dim], o
@@ -16,20 +16,20 @@ so fresh adapters leave the model exactly as it is, and A and B keep W's logical
 axes on their in/out dims (they shard like W; the rank dim is replicated).
 
 Training (`LearnerConfig.lora`, `rlvr.learner`): the trainable pytree, and so
-the optimizer state, is the adapters only; the frozen base rides in the
-TrainState and each micro-batch's loss runs the ordinary forward on
-`merge(base, adapters)`. The decoder's forward is untouched and the exported
-policy is just the merged weights. The price: the backward pass still forms a
-full-size gradient for each merged kernel per micro-batch (then contracted to
-A and B), so LoRA here saves the Adam moments and the gradient accumulator of
-the base, not that transient.
+the optimizer state, is the adapters only; the frozen base rides in the TrainState.
+Each micro-batch's loss runs the forward on `Adapted(base, adapters)`: the layer
+stacks' adapters stay apart from W (`unmerged`: every adapted projection computes
+x @ W + x @ A @ (s B) inside its layer), so no merged copy of W and no full-size
+gradient of W is ever formed; only an adapted embedding or LM head is merged (one
+matrix each). Samplers and the export take the merged weights (`merge`).
 
 Dropout: PEFT drops elements of the LoRA path's input, independently per token.
-A merged weight cannot do that, so here dropout zeroes rows of A (input
+Here dropout zeroes rows of A (input
 features of the LoRA path), scaled by 1/(1-p), with one mask per kernel and
 layer per optimizer step: (x * m) @ A == x @ (diag(m) A). Same expectation as
 PEFT's, but every token of the step shares the mask, so it is a coarser
-(feature-level, per-step) regulariser. The base path is never dropped.
+(feature-level, per-step) regulariser, and 1 or k micro-batches take the same step.
+The base path is never dropped.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import fnmatch
 import math
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
@@ -161,34 +162,46 @@ def delta(a: jax.Array, b: jax.Array, lead: int, scale: float) -> jax.Array:
   return d.reshape(a.shape[:-1] + b.shape[lead + 1 :])
 
 
+def drop(adapters, cfg: LoraConfig, dropout_rng: jax.Array | None):
+  """`adapters` with rows of A dropped (each kept one scaled by 1/(1-p)), one mask per
+  kernel (its index in sorted order) and layer; unchanged without a key or dropout."""
+  if dropout_rng is None or cfg.dropout <= 0:
+    return adapters
+  flat = dict(traverse_util.flatten_dict(adapters))
+  for i, path in enumerate(sorted({p[:-1] for p in flat})):
+    a = flat[path + ("lora_a",)]
+    keep = jax.random.bernoulli(jax.random.fold_in(dropout_rng, i), 1 - cfg.dropout, a.shape[:-1])
+    flat[path + ("lora_a",)] = a * (keep[..., None] / (1 - cfg.dropout)).astype(a.dtype)
+  return traverse_util.unflatten_dict(flat)
+
+
 def merge(params, adapters, cfg: LoraConfig, dropout_rng: jax.Array | None = None):
   """params with every adapted kernel W replaced by W + (alpha/rank) A @ B (pure, jittable).
 
-  With `dropout_rng` and cfg.dropout > 0, rows of A are dropped (module docstring).
+  With `dropout_rng` and cfg.dropout > 0, rows of A are dropped first (`drop`).
   The sum is taken in f32 and cast back to W's dtype.
   """
   flat = dict(traverse_util.flatten_dict(params))
-  ad = traverse_util.flatten_dict(adapters)
-  for i, path in enumerate(sorted({p[:-1] for p in ad})):
+  ad = traverse_util.flatten_dict(drop(adapters, cfg, dropout_rng))
+  for path in sorted({p[:-1] for p in ad}):
     a, b = ad[path + ("lora_a",)], ad[path + ("lora_b",)]
     lead, _ = _layout(path)
-    if dropout_rng is not None and cfg.dropout > 0:
-      keep = jax.random.bernoulli(jax.random.fold_in(dropout_rng, i), 1 - cfg.dropout, a.shape[:-1])
-      a = a * (keep[..., None] / (1 - cfg.dropout)).astype(a.dtype)
     w = flat[path]
     flat[path] = (w.astype(jnp.float32) + delta(a, b, lead, cfg.scale)).astype(w.dtype)
   return traverse_util.unflatten_dict(flat)
 
 
-@dataclasses.dataclass(frozen=True)
+@flax.struct.dataclass
 class Adapted:
-  """A policy held as LoRA adapters on a frozen base: what the learner hands a sampler.
-  A sampler that serves adapters (vLLM with LoRA enabled) pushes `adapters` only; any
-  other takes `merged()`, the base with them merged in."""
+  """A policy held as LoRA adapters on a frozen base (a pytree: it passes through jit).
+
+  What the learner hands a sampler: one that serves adapters (vLLM with LoRA enabled)
+  pushes `adapters` only, any other takes `merged()`. The learner's forward passes take it
+  too (`unmerged`): the base is never copied."""
 
   base: Any
   adapters: Any
-  cfg: LoraConfig
+  cfg: LoraConfig = flax.struct.field(pytree_node=False)
 
   def merged(self):
     return _merge_jit(self.base, self.adapters, self.cfg)
@@ -200,6 +213,25 @@ _merge_jit = jax.jit(lambda base, adapters, cfg: merge(base, adapters, cfg), sta
 def as_params(weights):
   """The policy's full weights, whether `weights` is a params pytree or `Adapted`."""
   return weights.merged() if isinstance(weights, Adapted) else weights
+
+
+def unmerged(weights):
+  """(params, layer adapters or None) for `decoder.forward(params, ..., lora=...)`.
+
+  Adapters of the layer stacks stay apart: each adapted projection adds x @ A @ (s B) to
+  x @ W inside the layer (`layers.dense_lora`), so neither a merged copy of W nor W's
+  full-size gradient ever exists. The embedding and LM head, when adapted, are merged
+  (one matrix each). A params pytree comes back as is, with None."""
+  if not isinstance(weights, Adapted):
+    return weights, None
+  flat = traverse_util.flatten_dict(weights.adapters)
+  stacked = {p: x for p, x in flat.items() if p[0].startswith("layers")}
+  top = {p: x for p, x in flat.items() if not p[0].startswith("layers")}
+  params = weights.base
+  if top:
+    params = merge(params, traverse_util.unflatten_dict(top), weights.cfg)
+  layer = {p: (x * weights.cfg.scale if p[-1] == "lora_b" else x) for p, x in stacked.items()}
+  return params, (traverse_util.unflatten_dict(layer) if layer else None)
 
 
 # ------------------------------------------------------------------ shardings
