@@ -3,8 +3,8 @@
 `configs.base.paper`'s GRPO settings (256 prompts x 8, prompt 4096 / response 8192
 tokens, packed rows of 12,288 tokens, one per micro-batch) with `configs.lora` (rank 32 on
 every projection, lr 1e-5). Full fine-tuning of this model does not fit one device (f32
-master weights and AdamW moments alone are 85 GiB); with LoRA the frozen bf16 base is 14.2
-GiB and the adapters' state under 1 GiB (`python bench/plan.py
+master weights and AdamW moments alone are 85 GiB). With LoRA the frozen bf16 base is 14.2
+GiB, the adapters' state under 1 GiB and the update 25.0 GiB in all (`python bench/plan.py
 --config=configs/rlvr_math12k_lora_qwen25_7b.py --devices=1`; docs/scale.md).
 
   python launch/serve_vllm.py --model=/path/to/Qwen2.5-7B --device=gpu --lora_rank=32
