@@ -74,7 +74,8 @@ MIXED_MOE = dict(  # layers 0-1 and 3 sparse, 2 dense: three layer stacks
   [
     ("qwen2", True, lora.ALL_LINEAR),
     ("qwen2", False, lora.ALL_LINEAR),
-    ("moe", True, ("*",)),  # every stack's attention, the dense layer's MLP, the LM head
+    ("moe", True, ("*",)),  # every stack's attention, the dense layer's MLP, the LM head;
+    # with routing replay
   ],
 )
 def test_adapters_beside_the_base_equal_the_merged_model(
@@ -89,12 +90,22 @@ def test_adapters_beside_the_base_equal_the_merged_model(
     cfg, params = model.load_hf(tiny_dirs[family])
   lc_cfg = LoraConfig(rank=4, alpha=8.0, dropout=0.0, targets=targets)
   adapters = _random_b(lora.init_adapters(params, lc_cfg, jax.random.key(2)))
-  lc = worker.learner_config(lora=lc_cfg, scan_layers=scan_layers)
+  lc = worker.learner_config(lora=lc_cfg, scan_layers=scan_layers, routing_replay=True)
   batch = _batch(cfg, 3)
+  if cfg.is_moe:  # routing replay: given experts per token and sparse layer
+    b, t = batch.tokens_bt.shape
+    draw = np.random.RandomState(5).rand(b, t, cfg.num_sparse_layers, cfg.num_experts)
+    routes = np.argsort(draw, -1)[..., : cfg.num_experts_per_tok].astype(np.int32)
+    batch = batch.replace(routes_bt=jnp.asarray(routes))
   apart = learner.logprobs.sequence_logprobs(lora.Adapted(params, adapters, lc_cfg), batch, cfg, lc)
   merged = learner.logprobs.sequence_logprobs(lora.merge(params, adapters, lc_cfg), batch, cfg, lc)
   base = learner.logprobs.sequence_logprobs(params, batch, cfg, lc)
   assert float(jnp.abs(merged[0] - base[0]).max()) > 1e-2  # the adapters matter
+  if cfg.is_moe:  # and the given routes are the ones used
+    free = learner.logprobs.sequence_logprobs(
+      lora.merge(params, adapters, lc_cfg), batch.replace(routes_bt=None), cfg, lc
+    )
+    assert float(jnp.abs(merged[0] - free[0]).max()) > 1e-3
   for a, m in zip(apart, merged):
     np.testing.assert_allclose(np.asarray(a), np.asarray(m), rtol=0, atol=2e-5)
 
