@@ -106,7 +106,7 @@ def bench_ours(cfg, tokens, mask, adv, lora_rank: int = 0):
     remat=FLAGS.remat,
     dual_clip=None,
     scan_layers=FLAGS.scan_layers,
-    lora=LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank, dropout=0.0),
+    lora=LoraConfig(rank=lora_rank, alpha=2.0 * max(lora_rank, 1), dropout=0.0),
   )
   mesh = sharding.make_mesh({"fsdp": -1})
   params = model.init(cfg, jax.random.key(0))

@@ -2,7 +2,7 @@
 
 Adapters of rank 32 (alpha 64, no dropout) on the attention and MLP projections; a sparse
 model's experts are not adapted, so on Qwen3-30B-A3B they sit on attention only. The
-learning rate is 10x full fine-tuning's (METHODS.md: LoRA RL runs at 1e-5..1e-4). The base
+learning rate is 10x full fine-tuning's (LoRA RL recipes run at 1e-5..1e-4). The base
 stays in bf16, frozen; AdamW moments exist for the adapters only; the KL reference, when
 on, is the base with the adapters off. vLLM serves the base with LoRA on and takes each
 version as an adapter (`sampler.lora_adapters`; the server: launch/serve_vllm.py

@@ -1,7 +1,8 @@
 """configs/tiny_rlvr.py with LoRA in RL: after the same full SFT, GRPO trains rank-16
-adapters on the attention and MLP projections of the frozen SFT model (about 7% of its
-parameters) at 10x full fine-tuning's learning rate (METHODS.md's LoRA RL recipe: alpha
-2 x rank, no dropout); the KL reference, when on, is the base with the adapters off.
+adapters on the attention and MLP projections of the frozen SFT model (122,880 weights,
+16% of its 747,520) at 10x full fine-tuning's learning rate (the LoRA RL recipes of TRL,
+verl and others: alpha 2 x rank, no dropout); the KL reference, when on, is the base with
+the adapters off.
 
   python -m launch.train --config=configs/tiny_rlvr_lora.py
 
