@@ -206,10 +206,11 @@ def test_one_svs_step_on_two_processes_equals_one_process(tmp_path):
   assert two[0]["svs_syntheses"] > 0
 
 
-def test_episodes_on_two_processes_take_process_0s_observations(plain_runs, tmp_path):
+def test_episodes_and_lora_on_two_processes_equal_one_process(plain_runs, tmp_path):
   """Multi-turn episodes of an environment whose answers name the process computing them
-  (tests/echo_env.py): two processes run 2 RL steps and the evaluation after them as one
-  process does, because both take process 0's observations."""
+  (tests/echo_env.py), with RL training LoRA adapters: two processes run 2 RL steps and the
+  evaluations as one process does, because both take process 0's observations, and they
+  export the same adapter."""
   root, _ = plain_runs
   flags = [
     *PLAIN[:1],
@@ -219,6 +220,9 @@ def test_episodes_on_two_processes_take_process_0s_observations(plain_runs, tmp_
     "--config.env.max_turns=3",
     "--config.env.max_total_tokens=100",
     "--config.rl.loop.dynamic_sampling=False",  # the policy rarely solves a cut-up problem
+    "--config.rl.learner.lora.rank=8",
+    "--config.rl.learner.learning_rate=2e-3",
+    "--config.shaping.overlong_cache=30",  # rewards that differ by length: the adapters move
   ]
   one, two = tmp_path / "one", tmp_path / "two"
   run_copies.start_from_sft(root / "one", one, evaluated=False)
@@ -228,10 +232,13 @@ def test_episodes_on_two_processes_take_process_0s_observations(plain_runs, tmp_
   rows = _rows(two / "metrics.jsonl")
   assert rows == _rows(one / "metrics.jsonl") and len(rows) == 2
   assert all(r["turns_mean"] > 1 and r["obs_tokens_frac"] > 0 for r in rows)
-  assert all(r["entropy"] > 0 for r in rows)  # over the policy's tokens of the batch
+  assert all(r["entropy"] > 0 and r["grad_norm"] > 0 for r in rows)
   s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
   for key in ("eval_before_rl", "eval_after_rl"):
     assert s1[key] == s2[key]
+  for name in ("adapter_model.safetensors", "adapter_config.json"):
+    got = (two / "policy_adapter" / name).read_bytes()
+    assert got == (one / "policy_adapter" / name).read_bytes()
 
 
 def test_split_sampler_gives_every_process_the_one_process_rollout(
