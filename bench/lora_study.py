@@ -20,7 +20,7 @@ import sys
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study_utils import mean_se, run_arms  # noqa: E402
+from study_utils import mean_se, run_arms, train_command  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -33,17 +33,7 @@ ARMS = {"full": "configs/tiny_rlvr.py", "lora": "configs/tiny_rlvr_lora.py"}
 
 
 def _train(workdir: str, arm: str, seed: int) -> dict:
-  cmd = [
-    sys.executable,
-    "-m",
-    "launch.train",
-    f"--config={ARMS[arm]}",
-    f"--workdir={workdir}",
-    f"--config.rl.steps={FLAGS.steps}",
-    f"--config.seed={seed}",
-    "--config.export_hf=False",
-    *FLAGS.extra,
-  ]
+  cmd = train_command(ARMS[arm], workdir, FLAGS.steps, seed, *FLAGS.extra)
   subprocess.run(cmd, cwd=REPO, check=True)
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)

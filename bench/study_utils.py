@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 
 
 def share_sft(src: str, dst: str) -> None:
@@ -30,6 +31,22 @@ def run_arms(root: str, seeds, arms, train) -> dict:
         share_sft(os.path.join(root, f"seed{seed}", arms[0]), workdir)
       rows[arm][seed] = train(workdir, arm, seed)
   return rows
+
+
+def train_command(config: str, workdir: str, steps: int, seed: int, *flags: str) -> list[str]:
+  """The `launch.train` argv of one study run: `config` for `steps` GRPO steps with `seed`,
+  no HF export, then `flags` (later flags win)."""
+  return [
+    sys.executable,
+    "-m",
+    "launch.train",
+    f"--config={config}",
+    f"--workdir={workdir}",
+    f"--config.rl.steps={steps}",
+    f"--config.seed={seed}",
+    "--config.export_hf=False",
+    *flags,
+  ]
 
 
 def mean_se(xs):

@@ -24,7 +24,7 @@ import sys
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study_utils import mean_se  # noqa: E402
+from study_utils import mean_se, train_command  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -37,18 +37,8 @@ ARMS = {"tool": "python_tool", "no_tool": "single_turn"}
 
 
 def _train(workdir: str, arm: str, seed: int) -> dict:
-  cmd = [
-    sys.executable,
-    "-m",
-    "launch.train",
-    "--config=configs/tiny_tool.py",
-    f"--workdir={workdir}",
-    f"--config.rl.steps={FLAGS.steps}",
-    f"--config.seed={seed}",
-    f"--config.env.name={ARMS[arm]}",
-    "--config.export_hf=False",
-    *FLAGS.extra,
-  ]
+  env = f"--config.env.name={ARMS[arm]}"
+  cmd = train_command("configs/tiny_tool.py", workdir, FLAGS.steps, seed, env, *FLAGS.extra)
   out = subprocess.run(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import pytest
 from flax import traverse_util
+from test_moe import MOE_CONFIGS
 
 from rlvr import learner, model, objectives
 from rlvr.learner import update as update_lib
@@ -54,19 +55,7 @@ def _random_b(adapters, seed=1, std=0.05):
   )
 
 
-MIXED_MOE = dict(  # layers 0-1 and 3 sparse, 2 dense: three layer stacks
-  family="qwen3_moe",
-  num_layers=4,
-  hidden_size=64,
-  intermediate_size=96,
-  num_heads=4,
-  num_kv_heads=1,
-  num_experts=6,
-  num_experts_per_tok=3,
-  moe_intermediate_size=24,
-  mlp_only_layers=[2],
-  tie_word_embeddings=False,
-)
+MIXED_MOE = dict(family="qwen3_moe", **MOE_CONFIGS["mixed"])  # 3 stacks: sparse, dense, sparse
 
 
 @pytest.mark.parametrize(
