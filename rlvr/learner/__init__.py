@@ -11,7 +11,8 @@ step. State is donated.
 With `LearnerConfig.lora.rank > 0` the trained pytree (`TrainState.params`,
 and so the optimizer state) is the LoRA adapters, the frozen base rides in
 `LoraTrainState.base` (in the compute dtype; it is also the KL reference), and the
-loss sees `lora.merge(base, adapters)` (`rlvr.model.lora`). `policy_params(state)` is
+loss sees `lora.Adapted(base, adapters)`: each adapted projection adds x A (sB) to x W
+inside its layer (`rlvr.model.lora`). `policy_params(state)` is
 the policy's weights either way; `policy_weights(state)` is what a sampler is handed
 (with LoRA, `lora.Adapted`: a sampler that serves adapters takes only those).
 

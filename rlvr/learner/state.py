@@ -31,7 +31,7 @@ class TrainState:
 @flax.struct.dataclass
 class LoraTrainState(TrainState):
   """The state with LoRA: params (and so opt_state) are the adapters, `base` the
-  frozen weights they merge into, in the learner's compute dtype (bf16 at paper scale;
+  frozen weights they adapt, in the learner's compute dtype (bf16 at paper scale;
   never an f32 copy), which is also the KL reference (adapters off: no second model).
   A subclass, so that full fine-tuning's TrainState and its checkpoints keep their
   structure."""
@@ -44,7 +44,7 @@ class LoraTrainState(TrainState):
 LORA_INIT, LORA_DROPOUT = 0x4C6F5241, 0x4C6F5244
 
 
-def policy_params(state: TrainState, cfg: LearnerConfig | None = None):
+def policy_params(state: TrainState):
   """The policy's weights: `state.params`, or with LoRA the base with the adapters merged."""
   return lora_lib.as_params(policy_weights(state))
 
