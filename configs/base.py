@@ -149,3 +149,18 @@ def paper_code(name: str, *, steps: int, method: str = "rlvr") -> ml_collections
   c.data.eval_paths = ["humaneval"]
   c.eval.sampling.n = 16  # the paper reports pass@1, and avg@16 on CodeContests
   return c
+
+
+def lora(c, rank: int = 32):
+  """LoRA in RL at paper scale: rank-`rank` adapters (alpha 2 x rank, no dropout) on the
+  attention and MLP projections (a sparse model's experts are never adapted), 10x the
+  learning rate (LoRA RL recipes run at 1e-5..1e-4), a frozen bf16 base, vLLM taking each
+  version as an adapter (servers: launch/serve_vllm.py --lora_rank=32); docs/lora.md."""
+  c.rl.learner.lora.rank = rank
+  c.rl.learner.lora.alpha = 2.0 * rank
+  c.rl.learner.lora.dropout = 0.0
+  c.rl.learner.learning_rate = 10 * c.rl.learner.learning_rate
+  # That accumulator saves a full-size gradient of the layer stacks; LoRA forms none.
+  c.rl.learner.accumulate_in_backward = False
+  c.sampler.lora_adapters = True
+  return c

@@ -40,9 +40,7 @@ flags.DEFINE_string("mesh", "fsdp=-1", "Mesh axes, e.g. data=2,fsdp=4.")
 flags.DEFINE_integer("seed", 0, "Shuffling seed.")
 flags.DEFINE_integer("lora_rank", 0, "LoRA rank (0 = full fine-tuning); written merged.")
 flags.DEFINE_float("lora_alpha", 64.0, "LoRA alpha (scale alpha / rank).")
-flags.DEFINE_float(
-  "lora_dropout", 0.05, "LoRA dropout (rows of A, per step; rlvr/model/lora.py)."
-)
+flags.DEFINE_float("lora_dropout", 0.05, "LoRA dropout (rows of A, per step; rlvr/model/lora.py).")
 
 
 def main(argv):

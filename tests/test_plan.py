@@ -36,6 +36,7 @@ def test_plan_of_a_small_config_has_every_field(tmp_path):
   g = plan["gib_per_device"]
   assert set(g) == {
     "params",
+    "frozen base (LoRA)",
     "optimizer",
     "inputs (state + batch)",
     "temporaries (grads, activations)",
@@ -51,6 +52,13 @@ def test_plan_of_a_small_config_has_every_field(tmp_path):
   assert plan["xla_tflops_loop_bodies_once"] > 0
   assert "DOES NOT FIT" not in stdout and "fits" in stdout
   assert plan["active_params_b"] == plan["params_b"]  # dense: every parameter is active
+  assert g["frozen base (LoRA)"] == 0 and plan["trained_params_b"] == plan["params_b"]
+  # With LoRA the params are the adapters, the base rides frozen beside them.
+  lora, stdout = _plan(tmp_path, "--config=configs/tiny_rlvr.py", "--config.rl.learner.lora.rank=8")
+  gl = lora["gib_per_device"]
+  assert 0 < gl["params"] < gl["frozen base (LoRA)"] and gl["optimizer"] < g["optimizer"]
+  assert lora["trained_params_b"] < lora["params_b"] == plan["params_b"]
+  assert "LoRA rank 8" in stdout and lora["fits"] is True
 
 
 def test_plan_of_a_small_moe_config_counts_active_parameters(tmp_path):
