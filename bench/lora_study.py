@@ -20,14 +20,11 @@ import sys
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study_utils import mean_se, run_arms, train_command  # noqa: E402
+from study_utils import define_run_flags, mean_se, run_arms, train_command  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("steps", 100, "GRPO steps of each run.")
-flags.DEFINE_string("workdir", "workdir/lora_study", "Where the runs go.")
-flags.DEFINE_list("seeds", ["0", "1"], "Run seeds; arms are paired by seed.")
-flags.DEFINE_list("extra", [], "More --config.X=Y overrides for every arm.")
+define_run_flags(steps=100, workdir="workdir/lora_study")
 
 ARMS = {"full": "configs/tiny_rlvr.py", "lora": "configs/tiny_rlvr_lora.py"}
 

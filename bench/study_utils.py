@@ -33,6 +33,16 @@ def run_arms(root: str, seeds, arms, train) -> dict:
   return rows
 
 
+def define_run_flags(steps: int, workdir: str) -> None:
+  """The flags every paired study takes: --steps, --workdir, --seeds, --extra."""
+  from absl import flags
+
+  flags.DEFINE_integer("steps", steps, "GRPO steps of each run.")
+  flags.DEFINE_string("workdir", workdir, "Where the runs go.")
+  flags.DEFINE_list("seeds", ["0", "1"], "Run seeds; arms are paired by seed.")
+  flags.DEFINE_list("extra", [], "More --config.X=Y overrides for every arm.")
+
+
 def train_command(config: str, workdir: str, steps: int, seed: int, *flags: str) -> list[str]:
   """The `launch.train` argv of one study run: `config` for `steps` GRPO steps with `seed`,
   no HF export, then `flags` (later flags win)."""

@@ -24,14 +24,11 @@ import sys
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study_utils import mean_se, train_command  # noqa: E402
+from study_utils import define_run_flags, mean_se, train_command  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("steps", 60, "GRPO steps of each run.")
-flags.DEFINE_string("workdir", "workdir/tool_study", "Where the runs go.")
-flags.DEFINE_list("seeds", ["0", "1"], "Run seeds; arms are paired by seed.")
-flags.DEFINE_list("extra", [], "More --config.X=Y overrides for every arm.")
+define_run_flags(steps=60, workdir="workdir/tool_study")
 
 ARMS = {"tool": "python_tool", "no_tool": "single_turn"}
 
