@@ -40,7 +40,13 @@ class Environment(Protocol):
   """stop: strings that end a policy turn and hand over to `observe` (kept in the turn).
   observe(episode, turn) -> the observation text, or None to end the episode. It is called
   only for a turn that ended at a stop string; it may count a tool call
-  (`episode.tool_calls`), and must not raise for anything the policy wrote."""
+  (`episode.tool_calls`), and must not raise for anything the policy wrote. Its text is
+  encoded as plain text: a special token's string in it stays text.
+
+  Optional attributes: `blank`, what stands for an observation in the text the verifier
+  reads (default "\\n": the final answer comes from the policy's own turns); `wrap`, a
+  (before, after) pair of text put around every observation with its special-token
+  strings encoded as special ids (a chat-style tool turn; default none)."""
 
   stop: tuple[str, ...]
 

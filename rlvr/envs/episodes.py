@@ -6,9 +6,18 @@ observation tokens between them. Nothing the policy wrote is decoded and encoded
 a turn is decoded only for the environment to read, and the next turn is sampled from the
 prompt + trajectory token ids (vLLM: one request per episode and turn, its prefix cache
 reusing the shared prefix; the in-process sampler: a batch of episodes of different
-lengths). Observations are tokenized once, when made. The episode's `loss_mask` is 1 on
-the policy's tokens and 0 on the observations, whose logprobs are 0; the learner's loss,
-entropy, KL, importance weights and token counts all go through that mask.
+lengths). Observations are tokenized once, when made, as plain text: a special token's
+string in a tool's output stays text (`rlvr.data.tokens`), so no observation can end a turn
+or open one; the only special ids it may bring are those of the environment's declared
+`wrap` (text around every observation, its markers parsed). An observation is made valid
+Unicode first, and one that cannot be made or encoded ends its episode (`env_error_<kind>`),
+never the run. The episode's `loss_mask` is 1 on the policy's tokens and 0 on the
+observations, whose logprobs are 0; the learner's loss, entropy, KL, importance weights and
+token counts all go through that mask.
+
+The verifier reads the policy's own text (`Completion.answer_text`): its turns, each
+observation replaced by the environment's `blank` (so a `\\boxed{}` printed by a tool earns
+nothing).
 
 A turn ends at end of sequence, at its token budget, or at one of the environment's `stop`
 strings: after the first token that completes one (a sampler that does not stop there
@@ -25,6 +34,7 @@ import concurrent.futures
 import dataclasses
 from typing import Callable, Sequence
 
+from rlvr.data import tokens
 from rlvr.envs.base import Environment, Episode
 from rlvr.envs.config import EnvConfig
 from rlvr.sampling.types import Completion, SamplingParams
@@ -61,6 +71,7 @@ class _Trajectory:
   mask: list[int] = dataclasses.field(default_factory=list)
   texts: list[str] = dataclasses.field(default_factory=list)
   spans: list[list[str]] = dataclasses.field(default_factory=list)
+  own: list[str] = dataclasses.field(default_factory=list)  # what the verifier reads
   finish: str = "stop"
   version: int | None = None
   routes: object = None
@@ -74,6 +85,7 @@ class _Trajectory:
     info = dict(ep.info, turns=len(ep.turns), tool_calls=ep.tool_calls)
     info["observation_tokens"] = len(self.mask) - sum(self.mask)
     info["spans"] = self.spans  # [["policy" | "env", text], ...]: the samples files show them
+    info["answer_text"] = "".join(self.own)  # the policy's turns, observations blanked
     return Completion(
       token_ids=tuple(self.ids),
       logprobs=tuple(self.logprobs) if logprobs else None,
@@ -102,13 +114,28 @@ class Episodes:
     *,
     decode: Callable[[Sequence[int]], str],
     encode: Callable[[str], list[int]],
+    encode_markers: Callable[[str], list[int]] | None = None,
     agree: Callable[[list], list] | None = None,
   ):
-    """decode / encode: the run's tokenizer (a turn's text; an observation's ids, once).
+    """decode / encode: the run's tokenizer (a turn's text; an observation's ids, once, as
+    plain text: `tokens.encode_plain`). encode_markers: text whose special-token strings
+    are special ids, for the environment's `wrap` (needed only when it declares one).
     agree: on several processes, process 0's copy of a JSON-able list (`_observe`)."""
     self.environment, self.cfg = environment, cfg
     self.decode, self.encode, self.agree = decode, encode, agree
     self.truncated_ids = encode(TRUNCATED)
+    self.blank = getattr(environment, "blank", "\n")
+    before, after = getattr(environment, "wrap", ("", ""))
+    if (before or after) and encode_markers is None:
+      raise ValueError(
+        f"environment {type(environment).__name__} declares a wrap; Episodes needs "
+        "encode_markers to encode it"
+      )
+    self.wrap_ids = (
+      (encode_markers(before) if before else [], encode_markers(after) if after else [])
+      if encode_markers is not None
+      else ([], [])
+    )
     if len(self.truncated_ids) >= cfg.observation_max_tokens:
       raise ValueError(
         f"env.observation_max_tokens: {cfg.observation_max_tokens} leaves no room beside "
@@ -168,6 +195,7 @@ class Episodes:
     text = self.decode(turn)
     t.texts.append(text)
     t.spans.append(["policy", text])
+    t.own.append(text)
     t.episode.turns.append(text)
     if not stopped:
       t.finish = c.finish_reason
@@ -186,7 +214,10 @@ class Episodes:
 
     def one(t: _Trajectory) -> str | None:
       try:
-        return self.environment.observe(t.episode, t.episode.turns[-1])
+        obs = self.environment.observe(t.episode, t.episode.turns[-1])
+        if obs is not None and not isinstance(obs, str):
+          raise TypeError(f"observe returned {type(obs).__name__}, not str")
+        return None if obs is None else tokens.sanitize(obs)
       except Exception as e:  # noqa: BLE001 - the environment failed on this turn: it ends
         t.episode.count(f"env_error_{type(e).__name__}")
         return None
@@ -209,10 +240,16 @@ class Episodes:
     if obs is None:
       t.finish = "stop" if not any(k.startswith("env_error_") for k in t.episode.info) else "length"
       return 0
-    ids = self.encode(obs)
+    try:
+      ids = [int(i) for i in self.encode(obs)]
+    except Exception as e:  # noqa: BLE001 - an observation the tokenizer refuses ends its episode
+      t.episode.count(f"env_error_encode_{type(e).__name__}")
+      return self._add(t, None, sp)
     if len(ids) > self.cfg.observation_max_tokens:
       t.episode.count("observation_cut")
       ids = ids[: self.cfg.observation_max_tokens - len(self.truncated_ids)] + self.truncated_ids
+    before, after = self.wrap_ids
+    ids = before + ids + after
     room = t.budget - t.length - len(ids)
     if room < 1:
       return self._end(t, "budget_tokens")
@@ -222,6 +259,7 @@ class Episodes:
     shown = self.decode(ids)
     t.texts.append(shown)
     t.spans.append(["env", shown])
+    t.own.append(self.blank)
     t.episode.observations.append(shown)
     return min(room, sp.max_tokens)
 
@@ -262,11 +300,15 @@ def episodes_for(
   cfg: EnvConfig, environment: Environment, tokenizer, agree: Callable[[list], list] | None = None
 ) -> Episodes:
   """`Episodes` over an HF tokenizer: a turn decoded as the samplers decode a response (special
-  tokens skipped), an observation tokenized once as plain text (no special tokens added)."""
+  tokens skipped), an observation tokenized once as plain text (`tokens.encode_plain`: its
+  special-token strings stay text), the environment's `wrap` with its markers."""
   return Episodes(
     environment,
     cfg,
     decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
-    encode=lambda text: [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]],
+    encode=lambda text: tokens.encode_plain(tokenizer, text),
+    encode_markers=lambda text: [
+      int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]
+    ],
     agree=agree,
   )

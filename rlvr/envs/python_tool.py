@@ -45,6 +45,7 @@ class PythonTool:
   `env.tool_limits`; counts `tool_calls`, `tool_time_s` and `tool_error_<status>`."""
 
   stop = (OUTPUT_OPEN,)
+  blank = OUTPUT_CLOSE  # what the verifier reads for an output: the fence closed, empty
 
   def __init__(self, cfg: EnvConfig):
     sandbox_lib.check_sandbox(cfg.sandbox)  # a missing sandbox stops the run here, once

@@ -31,11 +31,12 @@ def rollout(
 ) -> list[Group]:
   """Samples sp.n responses (or episodes: `StepEnv.solve`) per prompt and scores them.
 
-  The scorer gets each response's problem statement (`Prompt.text`) as `prompts`.
+  The scorer gets the text each response's policy wrote (`Completion.answer_text`: an
+  episode's observations left out) and its problem statement (`Prompt.text`) as `prompts`.
   shape(completions, rewards) -> rewards adds shaping terms to the verifier's.
   """
   outs = solve(prompts, sp)
-  texts = [c.text for group in outs for c in group]
+  texts = [c.answer_text for group in outs for c in group]
   golds = [p.answer for p in prompts for _ in range(sp.n)]
   problems = [p.text for p in prompts for _ in range(sp.n)]
   rewards, correct = score_fn(texts, golds, prompts=problems)
@@ -152,7 +153,7 @@ class StepEnv:
 
   def _shape(self, completions, rewards):
     wf = (
-      [self.well_formed(c.text) for c in completions]
+      [self.well_formed(c.answer_text) for c in completions]
       if self.shaping.format_bonus
       else [False] * len(completions)
     )

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from rlvr import envs, learner, methods, rollout
 from rlvr import model as model_lib
 from rlvr.common import settings
+from rlvr.data import tokens
 from rlvr.parallel import distributed
 from rlvr.rewards import shaping
 from rlvr.rewards.verifiers import open_verifier
@@ -177,7 +178,7 @@ def train(
     run.workdir,
     c.rl.log_samples_every,
     resume_step=start,
-    decode=lambda ids: run.tokenizer.decode(list(ids), skip_special_tokens=True),
+    decode=lambda ids: tokens.decode_marked(run.tokenizer, ids),
     show=lambda step, rows: writer.write_table(step, "samples", rows),
     enabled=distributed.is_writer(),
   )

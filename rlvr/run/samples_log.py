@@ -35,9 +35,12 @@ def records(
   Fields: step; group (its index in this list) and index (the response's in its group);
   source (where the prompt came from) and tags (a method's labels, e.g. SvS's
   data_type); kept (the group is in the update's buffer); prompt (decode(prompt ids): the
-  prompt as the policy saw it; without decode, the problem text); answer (the reference
-  the verifier scored against); response; reward (the verifier's, shaping included: what
-  the advantages are computed from); correct (the verifier's verdict); finish_reason;
+  prompt as the policy saw it, special ids marked ⟦<|im_start|>⟧ by the run's decoder
+  (`rlvr.data.tokens.decode_marked`); without decode, the problem text); answer (the
+  reference the verifier scored against); response (its text); response_seen
+  (decode(response ids), with decode only: every token the sequence holds, special ids
+  marked, an episode's observations included); reward (the verifier's, shaping included:
+  what the advantages are computed from); correct (the verifier's verdict); finish_reason;
   response_tokens.
   """
   in_update = {id(g) for g in groups}
@@ -57,6 +60,7 @@ def records(
           "prompt": prompt,
           "answer": g.prompt.answer,
           "response": c.text,
+          **({"response_seen": decode(c.token_ids)} if decode is not None else {}),
           "reward": float(g.rewards[i]),
           "correct": bool(g.correct[i]),
           "finish_reason": c.finish_reason,

@@ -75,6 +75,13 @@ class Completion:
   info: Any = dataclasses.field(default=None, compare=False)
 
   @property
+  def answer_text(self) -> str:
+    """The text a verifier reads: `text`, or for an episode the policy's turns alone (each
+    observation replaced by its environment's blank: `rlvr.envs.episodes`)."""
+    own = self.info.get("answer_text") if isinstance(self.info, dict) else None
+    return own if isinstance(own, str) else self.text
+
+  @property
   def policy_tokens(self) -> int:
     """How many of token_ids the policy wrote (observations excluded)."""
     return len(self.token_ids) if self.loss_mask is None else int(sum(self.loss_mask))
