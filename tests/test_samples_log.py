@@ -63,6 +63,7 @@ def test_records_cover_sampled_then_update_only_groups(tmp_path):
     "prompt": "ids [1, 2, 3]",
     "answer": "2",
     "response": "x+1=3 response 1",
+    "response_seen": "ids [0, 1]",
     "reward": 0.0,
     "correct": False,
     "finish_reason": "stop",
