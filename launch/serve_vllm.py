@@ -5,7 +5,8 @@ r"""Starts a vLLM server for a model directory with the flags the rlvr client ne
 
 Dev-mode routes (weight reloads) are on; the server binds 127.0.0.1 unless
 --host says otherwise (then set --api_key). Prints the URL once healthy and
-stops the server cleanly on SIGINT / SIGTERM.
+stops the server cleanly on SIGINT / SIGTERM. The server is standalone: it is not tied to
+the life of this process or its parent (a run's own servers are, `start_server`).
 """
 
 import json
@@ -92,7 +93,7 @@ def main(argv):
     routed_experts=FLAGS.routed_experts,
     lora_rank=FLAGS.lora_rank,
   )
-  server = start_server(FLAGS.model, options, python=FLAGS.python)
+  server = start_server(FLAGS.model, options, python=FLAGS.python, die_with_parent=False)
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM):  # before the line a supervisor may wait for
     signal.signal(sig, lambda *_: stop.set())

@@ -4,7 +4,8 @@ Workers start from a forkserver with math-verify imported (nothing is forked
 from a parent that holds JAX). Each item is reported as it finishes, so an
 item that overruns its time (or kills its worker) is pinned exactly: the
 worker is killed and replaced, the item scores 0 and is counted, and the rest
-of its chunk is re-queued.
+of its chunk is re-queued. Workers end with the process that made the pool, kill -9
+included.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import math
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import threading
 import time
@@ -60,6 +62,7 @@ def _worker_main(conn, judge: Callable) -> None:
   is pinned on the right item and the rest of the chunk is re-queued.
   """
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+  _exit_with_parent()
   # Timeouts come back as counts in ScoreResult; math-verify's per-item warnings would flood logs.
   logging.getLogger("math_verify").setLevel(logging.ERROR)
   import math_verify  # noqa: F401 - imported before "ready", so no item pays for it
@@ -82,6 +85,19 @@ def _worker_main(conn, judge: Callable) -> None:
       if status == _WRONG and time.monotonic() - start >= timeout_s:
         status = _TIMEOUT  # math-verify's own alarm cut it short
       conn.send((key, status))
+
+
+def _exit_with_parent() -> None:
+  """Kills this worker once the process that started it has ended, however it ended (a
+  daemonic worker is ended only by a parent that exits normally, and one busy with an item
+  never reads its pipe's end): a thread waits on the parent's sentinel."""
+  sentinel = multiprocessing.parent_process().sentinel
+
+  def watch():
+    multiprocessing.connection.wait([sentinel])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+  threading.Thread(target=watch, name="rlvr-parent-watch", daemon=True).start()
 
 
 @dataclasses.dataclass

@@ -2,7 +2,8 @@
 
 vLLM lives in its own virtual environment (its torch and transformers pins
 clash with ours), so the server runs under that environment's Python, found
-from `$RLVR_VLLM_PYTHON` or `<repo>/.venvs/vllm/bin/python`.
+from `$RLVR_VLLM_PYTHON` or `<repo>/.venvs/vllm/bin/python`. A server ends with the process
+that started it (`rlvr.common.tether`), unless started standalone (`launch.serve_vllm`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 
+from rlvr.common import tether
 from rlvr.sampling.http import auth_headers
 
 # The values vLLM 0.32 accepts for --max-lora-rank.
@@ -166,6 +168,8 @@ class VLLMServer:
     except subprocess.TimeoutExpired:
       os.killpg(self.process.pid, signal.SIGKILL)
       self.process.wait()
+    if self.process.stdin is not None:
+      self.process.stdin.close()
 
   def __enter__(self):
     return self
@@ -190,8 +194,14 @@ def start_server(
   python: str | None = None,
   log_path: str | None = None,
   timeout_s: float = 600.0,
+  die_with_parent: bool = True,
 ) -> VLLMServer:
-  """Starts `vllm.entrypoints.openai.api_server` on `model_dir`; waits for /health."""
+  """Starts `vllm.entrypoints.openai.api_server` on `model_dir`; waits for /health.
+
+  The server leads its own session. With `die_with_parent` it runs under a tether
+  (`rlvr.common.tether`): it and every process under it (vLLM's engine) end within seconds
+  of this process's end, kill -9 included. False suits a standalone server (`launch.serve_vllm`), which outlives whoever launched it.
+  """
   python = python or vllm_python()
   if not os.path.exists(python):
     raise ServerStartError(
@@ -208,14 +218,12 @@ def start_server(
   log_path = log_path or os.path.join(os.path.abspath(model_dir), f"vllm-{port}.log")
   log = open(log_path, "w")
   t0 = time.time()
-  proc = subprocess.Popen(
-    options.command(os.path.abspath(model_dir), port, python),
-    env=options.env(),
-    stdout=log,
-    stderr=subprocess.STDOUT,
-    stdin=subprocess.DEVNULL,
-    start_new_session=True,
-  )
+  cmd = options.command(os.path.abspath(model_dir), port, python)
+  streams = dict(env=options.env(), stdout=log, stderr=subprocess.STDOUT)
+  if die_with_parent:
+    proc = tether.start(cmd, **streams)
+  else:
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, **streams)
   log.close()
   server = VLLMServer(f"http://{options.host}:{port}", model_dir, options, proc, log_path, 0.0)
   while not _healthy(server.url, options.api_key):

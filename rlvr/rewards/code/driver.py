@@ -16,6 +16,10 @@ namespace is killed (`kill(-1, SIGKILL)`), so nothing of one case outlives it.
 
 Outside a PID namespace (the trusted `sandbox="none"`) the same code kills the case's process
 group instead.
+
+Nothing outlives the host: while a case runs the judge checks that the host still reads its
+stdout (the pipe's reader ends with the host, kill -9 included); when it does not, the judge
+kills the case and exits, and in a PID namespace the kernel ends every process with it.
 """
 
 import builtins
@@ -234,6 +238,14 @@ def _case_main(job, case, input_fd, out_w, res_w, in_namespace):
 # The judge: one case at a time.
 
 
+def _host_gone():
+  """Whether the host has ended (however: kill -9 too): our stdout's reader is gone. A parent-
+  death signal would not do: the uid drop clears it, and bubblewrap may not signal nobody."""
+  poll = select.poll()
+  poll.register(1, select.POLLERR)
+  return bool(poll.poll(0))
+
+
 def _input_fd(text):
   """A readable fd holding `text` (a memfd: no file system needed)."""
   fd = os.memfd_create("stdin")
@@ -339,6 +351,9 @@ def _run_one(job, index, case, in_namespace):
   deadline = time.monotonic() + lim["wall_s"]
   while verdict is None:
     _reap(child, statuses)
+    if _host_gone():  # no one to report to: end the case, then ourselves
+      _kill_rest(child, statuses, in_namespace)
+      os._exit(1)
     left = deadline - time.monotonic()
     if left <= 0:
       verdict = ("timeout", f"wall limit ({lim['wall_s']} s)")
