@@ -110,7 +110,7 @@ FOLDERS = {
   "rlvr.model": ("rlvr.common", "rlvr.data", "rlvr.parallel"),
   "rlvr.sampling": ("rlvr.common", "rlvr.model", "rlvr.parallel"),
   "rlvr.learner": ("rlvr.common", "rlvr.model", "rlvr.objectives", "rlvr.parallel"),
-  "rlvr.envs": ("rlvr.common", "rlvr.rewards", "rlvr.sampling"),
+  "rlvr.envs": ("rlvr.common", "rlvr.data", "rlvr.rewards", "rlvr.sampling"),
   "rlvr.rollout": (
     "rlvr.common",
     "rlvr.data",
