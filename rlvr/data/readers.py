@@ -11,7 +11,9 @@ A row is named by its 0-based row index (`Example.index`, `Dataset.bad_rows`): t
 array index in a JSON file, the row number in a parquet file, the 0-based line
 number in a JSONL file (blank lines count). Messages spell it out, "row index 3", and
 for JSONL also give the 1-based line an editor shows: "line 4 (row index 3)".
-A row that is not valid UTF-8, or whose answer is NaN or infinite, is a bad row.
+A row that is not valid UTF-8, whose text holds a lone surrogate escape ("\\ud800"),
+whose answer is NaN or infinite, that is nested too deep to read or holds a number with
+too many digits to read, is a bad row.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import math
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -120,11 +123,25 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
         yield i, json.loads(line), None
       except json.JSONDecodeError as e:
         yield i, None, f"invalid JSON ({e.msg} at column {e.colno})"
+      except (RecursionError, ValueError) as e:
+        yield i, None, _unreadable(e)
+
+
+def _unreadable(error: RecursionError | ValueError) -> str:
+  """Why JSON that parses cannot be read: nested too deep for Python's recursion limit
+  (RecursionError), or an integer past Python's digit limit (the ValueError json raises)."""
+  if isinstance(error, RecursionError):
+    return "nested too deep to read (arrays or objects within each other)"
+  limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+  return f"a number with too many digits to read (more than {limit})"
 
 
 # A byte that is not UTF-8, as decoding with errors="surrogateescape" keeps it.
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
+# A string, a bracket, a comma, or a run of anything else: enough to find where an element
+# of a JSON array ends without decoding it.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]|[^"\[\]{},]+')
 
 
 def _line_col(text: str, pos: int) -> str:
@@ -133,24 +150,42 @@ def _line_col(text: str, pos: int) -> str:
   return f"at line {line}, column {column}"
 
 
+def _element_end(text: str, pos: int) -> int:
+  """Where the array element starting at `pos` ends (its "," or the array's "]"), found by
+  counting brackets, not by decoding: an element nested too deep to decode has an end too."""
+  depth = 0
+  for token in _JSON_TOKEN.finditer(text, pos):
+    t = token.group()
+    if t in "[{":
+      depth += 1
+    elif t in "]}," and depth == 0:
+      return token.start()
+    elif t in "]}":
+      depth -= 1
+  return len(text)
+
+
 def _array_spans(text: str) -> list[tuple[int, int]]:
-  """(start, end) of each element of `text`, a valid JSON array."""
-  decoder, spans = json.JSONDecoder(), []
-  pos = _JSON_SPACE.match(text).end() + 1  # past "["
-  while True:
-    pos = _JSON_SPACE.match(text, pos).end()
-    if text[pos] == "]":
-      return spans
-    _, end = decoder.raw_decode(text, pos)
+  """(start, end) of each element of `text`, a JSON array (raises ValueError if not one)."""
+  pos, spans = _JSON_SPACE.match(text).end(), []
+  if not text.startswith("[", pos):
+    raise ValueError("not an array")
+  pos = _JSON_SPACE.match(text, pos + 1).end()
+  if text.startswith("]", pos):
+    return spans
+  while pos < len(text):
+    end = _element_end(text, pos)
     spans.append((pos, end))
-    pos = _JSON_SPACE.match(text, end).end() + 1  # past "," or "]"
-    if text[pos - 1] == "]":
+    if text.startswith("]", end):
       return spans
+    pos = _JSON_SPACE.match(text, end + 1).end()
+  raise ValueError("unterminated array")
 
 
 def _json_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
-  """(array index, object, error). Bytes that are not UTF-8 inside a string make their
-  element a bad row (named with the byte's line and column); elsewhere, the file."""
+  """(array index, object, error). An element with bytes that are not UTF-8 inside a string
+  (named with the byte's line and column), nested too deep or with a number too long to read
+  is a bad row; any other invalid JSON, or a file that is not an array, is a bad file."""
   with open(path, encoding="utf-8", errors="surrogateescape") as f:
     text = f.read()
   try:
@@ -159,15 +194,38 @@ def _json_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
     bad = _ESCAPED_BYTE.match(text, e.pos)
     why = _bad_utf8(ord(bad.group()) - 0xDC00) if bad else e.msg
     raise DatasetError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {why}") from e
-  if not isinstance(data, list):
+  except (RecursionError, ValueError):
+    data = None  # an element json cannot read: decode element by element below
+  if data is not None and not isinstance(data, list):
     raise DatasetError(f"{path}: expected a JSON array of objects, got {type(data).__name__}")
-  spans = _array_spans(text) if _ESCAPED_BYTE.search(text) else []
-  for i, row in enumerate(data):
-    bad = _ESCAPED_BYTE.search(text, *spans[i]) if spans else None
+  if data is not None and not _ESCAPED_BYTE.search(text):
+    yield from ((i, row, None) for i, row in enumerate(data))
+    return
+  try:
+    spans = _array_spans(text)
+  except ValueError:
+    raise DatasetError(f"{path}: expected a JSON array of objects") from None
+  for i, (start, end) in enumerate(spans):
+    bad = _ESCAPED_BYTE.search(text, start, end)
     if bad:
       yield i, None, _bad_utf8(ord(bad.group()) - 0xDC00, _line_col(text, bad.start()))
+    elif data is not None:
+      yield i, data[i], None
     else:
-      yield i, row, None
+      yield (i, *_decode_element(path, text, start, end))
+
+
+def _decode_element(path: str, text: str, start: int, end: int) -> tuple[Any, str | None]:
+  """(object, None) or (None, why it cannot be read) for the array element text[start:end]."""
+  try:
+    row, stop = json.JSONDecoder().raw_decode(text, start)
+  except json.JSONDecodeError as e:
+    raise DatasetError(f"{path}: invalid JSON {_line_col(text, e.pos)}: {e.msg}") from e
+  except (RecursionError, ValueError) as e:
+    return None, _unreadable(e)
+  if _JSON_SPACE.match(text, stop).end() != end:
+    raise DatasetError(f"{path}: invalid JSON {_line_col(text, stop)}: expected ',' or ']'")
+  return row, None
 
 
 _PARQUET_CHUNK = 1024
@@ -175,10 +233,19 @@ _PARQUET_CHUNK = 1024
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
   """(row number, object, error). A string cell that is not UTF-8 makes its row bad
-  (named with its column); the other rows of its chunk are converted one at a time."""
-  import pyarrow.parquet as pq  # only parquet readers pay for the import
+  (named with its column); the other rows of its chunk are converted one at a time.
+  Nesting is the schema's, the same for every row: too deep (parquet reads at most 100
+  levels) makes the file bad."""
+  import pyarrow as pa  # only parquet readers pay for the import
+  import pyarrow.parquet as pq
 
-  table = pq.read_table(path)
+  try:
+    table = pq.read_table(path)
+  except (FileNotFoundError, PermissionError):
+    raise
+  except (OSError, pa.ArrowException) as e:  # not parquet, cut short, a schema nested too deep
+    why = str(e).removeprefix(f"Could not open Parquet input source '{path}': ")
+    raise DatasetError(f"{path}: not a parquet file that can be read ({why})") from e
   for start in range(0, table.num_rows, _PARQUET_CHUNK):
     chunk = table.slice(start, _PARQUET_CHUNK)
     try:
@@ -266,6 +333,10 @@ def _finite_or_text(answer: str) -> bool:
     return True
 
 
+# A UTF-16 surrogate on its own: what JSON's "\ud800" escape decodes to.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _to_example(
   row: Any, index: int, problem_fields, answer_fields, default_source: str, path: str = ""
 ) -> Example | str:
@@ -294,7 +365,7 @@ def _to_example(
     return f"answer is not a finite number ({raw_answer!r})"
   solution = _first_present(row, SOLUTION_FIELDS)
   source = _first_present(row, SOURCE_FIELDS)
-  return Example(
+  example = Example(
     problem=problem,
     answer=answer.strip(),
     source=source if isinstance(source, str) else default_source,
@@ -302,6 +373,11 @@ def _to_example(
     solution=solution if isinstance(solution, str) and solution.strip() else None,
     path=path,
   )
+  for name in ("problem", "answer", "solution", "source"):
+    bad = _SURROGATE.search(getattr(example, name) or "")
+    if bad:  # no UTF-8 spelling: a tokenizer or a UTF-8 file cannot take it
+      return f"{name} holds a lone surrogate (\\u{ord(bad.group()):04x}), which is not text"
+  return example
 
 
 def _summary(path: str, bad_rows: Sequence[tuple[int, str]]) -> str:
@@ -322,8 +398,9 @@ def read_dataset(
 
   problem_field / answer_field: a (dotted) field name; by default the first
   present of PROBLEM_FIELDS / ANSWER_FIELDS. A row with a missing or empty
-  problem or answer, a NaN or infinite answer, an unparseable JSON line or bytes
-  that are not UTF-8 is skipped and listed in `bad_rows` (on_bad_row="skip"), or
+  problem or answer, a NaN or infinite answer, an unparseable JSON line, bytes
+  that are not UTF-8, a lone surrogate, nesting too deep or a number too long to read
+  is skipped and listed in `bad_rows` (on_bad_row="skip"), or
   raises DatasetError naming the file and the row (on_bad_row="error"), e.g.
   "set.jsonl: line 4 (row index 3): invalid JSON (...)".
   limit: stop after this many valid examples.
@@ -341,7 +418,10 @@ def read_dataset(
   examples, bad_rows, num_rows = [], [], 0
   for index, row, error in _READERS[ext](path):
     num_rows += 1
-    result = error or _to_example(row, index, problem_fields, answer_fields, default_source, path)
+    try:
+      result = error or _to_example(row, index, problem_fields, answer_fields, default_source, path)
+    except RecursionError as e:  # an answer nested almost too deep to decode, to encode
+      result = _unreadable(e)
     if isinstance(result, Example):
       examples.append(result)
       if limit is not None and len(examples) >= limit:

@@ -146,15 +146,16 @@ def steps(directory: str) -> list[int]:
   )
 
 
-def _move_aside(directory: str, step: int, problem: Problem) -> str:
-  """`directory`/<step> -> `directory`/corrupt/<step>-<reason>[-k], with a note of why."""
+def move_aside(directory: str, name: int | str, problem: Problem) -> str:
+  """`directory`/<name> (a step, or the SFT phase's `model`) ->
+  `directory`/corrupt/<name>-<reason>[-k], with a note of why."""
   aside = os.path.join(directory, CORRUPT)
   os.makedirs(aside, exist_ok=True)
-  dest, k = os.path.join(aside, f"{step}-{problem.reason}"), 1
+  dest, k = os.path.join(aside, f"{name}-{problem.reason}"), 1
   while os.path.exists(dest):
     k += 1
-    dest = os.path.join(aside, f"{step}-{problem.reason}-{k}")
-  os.rename(os.path.join(directory, str(step)), dest)
+    dest = os.path.join(aside, f"{name}-{problem.reason}-{k}")
+  os.rename(os.path.join(directory, str(name)), dest)
   with open(os.path.join(dest, "rlvr_corrupt.txt"), "w") as f:
     f.write(f"{problem.file}: {problem.detail}\n")
   return dest
@@ -174,7 +175,7 @@ def _newest_verified(directory: str) -> int | None:
           flush=True,
         )
       return step
-    dest = _move_aside(directory, step, problem)
+    dest = move_aside(directory, step, problem)
     moved.append(dest)
     print(
       f"checkpoint {step_dir} does not verify: {problem.file}: {problem.detail}; moved to {dest}",

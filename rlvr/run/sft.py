@@ -87,8 +87,8 @@ def train_sft(
   "" the tokenizer's own, as RL renders them with `data.chat_template`), completions
   end with the tokenizer's EOS. Checkpoints (orbax) every `checkpoint_every`
   steps under workdir/checkpoints and resumes from them; writes per-step
-  metrics to workdir/metrics.jsonl and the result as an HF dir workdir/model,
-  which it returns (and reuses when already complete). With
+  metrics to workdir/metrics.jsonl and the result as an HF dir workdir/model with a
+  checksum manifest, which it returns (and reuses when it verifies; else trains again). With
   `learner_cfg.lora.rank > 0` only LoRA adapters train (on the frozen model)
   and workdir/model is the base with them merged in (`rlvr.model.lora`).
   """
@@ -105,7 +105,7 @@ def train_sft(
   from rlvr.run import metrics as metrics_lib
 
   out_dir = os.path.join(workdir, "model")
-  if os.path.exists(os.path.join(out_dir, "config.json")):
+  if _verified(workdir, out_dir):
     print(f"SFT: done before, reusing {out_dir}", flush=True)
     return out_dir
   tok = AutoTokenizer.from_pretrained(model_dir)
@@ -177,4 +177,39 @@ def train_sft(
   writer.close()
   mngr.close()
   checkpoint.export_hf(out_dir, m_cfg, state, tokenizer=tok)  # LoRA: merged
+  if distributed.is_writer():
+    checkpoint.write_manifest(out_dir)  # written last: the export is whole
   return out_dir
+
+
+def _verified(workdir: str, out_dir: str) -> bool:
+  """Whether a finished SFT phase left `out_dir` whole: every file its manifest
+  (`checkpoint.write_manifest`) lists is there with its size and checksum. One that does not
+  verify, or has no manifest (its export did not finish), is moved to
+  `workdir`/corrupt/model-<reason> with one line saying why, and SFT runs again.
+  Process 0 checks and moves; every process gets its answer."""
+  import os
+  import sys
+
+  import jax
+
+  from rlvr.parallel import distributed
+  from rlvr.run import checkpoint
+
+  ok = False
+  if distributed.is_writer() and os.path.isdir(out_dir):
+    problem = checkpoint.verify(out_dir)
+    ok = problem is None
+    if not ok:
+      dest = checkpoint.move_aside(workdir, "model", problem)
+      print(
+        f"SFT: {out_dir} does not verify: {problem.file}: {problem.detail}; moved to {dest}; "
+        "training it again",
+        file=sys.stderr,
+        flush=True,
+      )
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    ok = bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
+  return ok
