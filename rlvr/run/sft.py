@@ -25,6 +25,22 @@ def sft_arrays(
   return dict(arrays, advantages=np.ones((len(pairs),), np.float32))
 
 
+def encode_pairs(tok, pairs_text, instruction: str, chat_template: str) -> list[tuple]:
+  """(prompt ids, completion ids) of (problem, worked solution) rows: the prompt in the chat
+  template, the solution as plain text (a special token's string in a row stays text), then
+  the tokenizer's real eos."""
+  from rlvr.data import tokens
+  from rlvr.data.prompts import format_prompt
+
+  return [
+    (
+      format_prompt(tok, p, instruction, chat_template),
+      tokens.encode_plain(tok, c) + [tok.eos_token_id],
+    )
+    for p, c in pairs_text
+  ]
+
+
 def run_sft(
   state,
   update_fn,
@@ -99,7 +115,6 @@ def train_sft(
 
   from rlvr import learner
   from rlvr import model as model_lib
-  from rlvr.data.prompts import format_prompt
   from rlvr.parallel import distributed
   from rlvr.run import checkpoint, interrupt
   from rlvr.run import metrics as metrics_lib
@@ -110,13 +125,7 @@ def train_sft(
     return out_dir
   tok = AutoTokenizer.from_pretrained(model_dir)
   pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-  pairs = [
-    (
-      format_prompt(tok, p, instruction, chat_template),
-      tok.encode(c + tok.eos_token, add_special_tokens=False),
-    )
-    for p, c in pairs_text
-  ]
+  pairs = encode_pairs(tok, pairs_text, instruction, chat_template)
   if not pairs:
     raise ValueError(
       "train_sft: no (prompt, completion) pairs; give rows with a worked "
