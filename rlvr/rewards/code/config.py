@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -17,6 +18,7 @@ REASONS = (
   "runtime_error",
   "output_limit",
   "no_code",
+  "too_long",
   "sandbox_error",
   "judge_error",
 )
@@ -24,8 +26,17 @@ SANDBOXES = ("bwrap", "none")
 CODE_EXTRACTIONS = ("last_block", "whole")
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
 class CodeSandboxError(RuntimeError):
   """The sandbox is missing or does not work here."""
+
+
+def clean_text(value, limit: int) -> str:
+  """A note from the sandbox as text to log and show: a str (anything else is ""), at most
+  `limit` characters, each control character or lone surrogate a space."""
+  return _UNPRINTABLE.sub(" ", value[:limit]) if isinstance(value, str) else ""
 
 
 def _positive(owner: str, name: str, value, kind=(int, float)) -> None:
@@ -79,6 +90,7 @@ class CodeRewardConfig:
   float_tol: 0 compares output tokens as strings; > 0 also accepts numbers within this
     absolute or relative tolerance.
   extraction: "last_block" (the last fenced python block) or "whole" (the whole response).
+  max_response_chars: a longer response is not parsed (verdict "too_long").
   """
 
   sandbox: str = "bwrap"
@@ -87,6 +99,7 @@ class CodeRewardConfig:
   pass_fraction: bool = False
   float_tol: float = 0.0
   extraction: str = "last_block"
+  max_response_chars: int = 1 << 20
 
   def __post_init__(self):
     if self.sandbox not in SANDBOXES:
@@ -96,6 +109,7 @@ class CodeRewardConfig:
     if not isinstance(self.limits, CodeLimits):
       raise TypeError(f"CodeRewardConfig.limits: expected CodeLimits, got {self.limits!r}")
     _positive("CodeRewardConfig", "workers", self.workers, int)
+    _positive("CodeRewardConfig", "max_response_chars", self.max_response_chars, int)
     if not isinstance(self.pass_fraction, bool):
       raise TypeError(f"CodeRewardConfig.pass_fraction: expected bool, got {self.pass_fraction!r}")
     if (

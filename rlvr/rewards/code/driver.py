@@ -12,10 +12,19 @@ process of the sandbox may open its /proc entries (its stdout pipe among them) o
 as PID 1 it ignores every signal sent from inside that it does not handle (SIGKILL and
 SIGSTOP too; it handles none). Each case runs in a fork with fresh fds 0-3 (stdin, stdout,
 /dev/null, the result pipe) and its rlimits; when the case ends, every other process in the
-namespace is killed (`kill(-1, SIGKILL)`), so nothing of one case outlives it.
+namespace is killed (`kill(-1, SIGKILL)`), so nothing of one case outlives it, and what it
+left is removed: every file in the working dir (the sandbox's tmpfs at /tmp) and every
+System V object of the sandbox's IPC namespace (POSIX message queues, which nothing in here
+can list, the syscall filter refuses). Each case starts from what the first one found.
+
+The verdict is the judge's. A case's process is the program's, so its result line on fd 3 is
+the program's word: the judge takes from it only what a program may say of itself (`_SAID`)
+and a detail (text, cut to `_DETAIL_CHARS`); `timeout` and `output_limit` it decides from
+what it sees (its clock and caps, the case's CPU time, a full tmpfs). Any other status in
+that line is a `runtime_error`.
 
 Outside a PID namespace (the trusted `sandbox="none"`) the same code kills the case's process
-group instead.
+group instead, and leaves IPC objects alone.
 
 Nothing outlives the host: while a case runs the judge checks that the host still reads its
 stdout (the pipe's reader ends with the host, kill -9 included); when it does not, the judge
@@ -29,6 +38,7 @@ import os
 import resource
 import select
 import signal
+import stat
 import sys
 import time
 
@@ -36,6 +46,13 @@ _RESULT_FD = 3
 _MAX_FD = 1024
 _POLL_S = 0.01
 _MAX_DEPTH = 100  # a returned value nested deeper is not judged (the host parses every line)
+_DETAIL_CHARS = 300
+# What a result line may say of its case: the outcomes a program reaches inside its own
+# process. A MemoryError is one: RLIMIT_AS fails there, out of the judge's sight (and one
+# oversized allocation gets that verdict anyway); a timeout or an output cap is not.
+_SAID = ("ok", "wrong_answer", "runtime_error", "memory")
+_CPU_SEEN = 0.9  # a case killed for CPU time has used at least this share of its limit
+_FULL = 16  # a tmpfs with less than 1/_FULL of it free is full
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _IPC_RMID = 0
@@ -108,18 +125,75 @@ def _harden(harden):
       raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
-def _remove_shared_memory():
-  """Removes every System V shared memory segment of the sandbox's own IPC namespace (a
-  segment outlives the processes that made it)."""
+def _remove_ipc_objects():
+  """Removes every System V object (shared memory, message queue, semaphore set) of the
+  sandbox's own IPC namespace: each outlives the processes that made it."""
   import ctypes
 
-  try:
-    rows = open("/proc/sysvipc/shm").read().splitlines()[1:]
-  except OSError:
-    return
   libc = ctypes.CDLL(None, use_errno=True)
-  for row in rows:
-    libc.shmctl(int(row.split()[1]), _IPC_RMID, None)
+  for kind in ("shm", "msg", "sem"):
+    try:
+      ids = [int(row.split()[1]) for row in open(f"/proc/sysvipc/{kind}").readlines()[1:]]
+    except OSError:
+      continue
+    for ipc_id in ids:
+      if kind == "sem":
+        libc.semctl(ipc_id, 0, _IPC_RMID)
+      else:
+        getattr(libc, f"{kind}ctl")(ipc_id, _IPC_RMID, None)
+
+
+def _is_dir(path):
+  return stat.S_ISDIR(os.lstat(path).st_mode)
+
+
+def _empty_working_dir():
+  """Removes everything in the working dir, with no recursion and no link followed: a
+  directory's subdirectories move up into the working dir, then it goes (so no path grows,
+  however deep the tree). Every process of the case has ended, and each ran as our uid, so a
+  directory it closed to us we may open again."""
+  spare = 0
+  while True:
+    try:
+      progress, names = False, os.listdir(".")
+    except OSError:
+      return
+    for name in names:
+      try:
+        if not _is_dir(name):
+          os.unlink(name)
+        else:
+          os.chmod(name, 0o700)
+          for child in os.listdir(name):
+            path = os.path.join(name, child)
+            if _is_dir(path):
+              while os.path.lexists(f".{spare}"):
+                spare += 1
+              os.chmod(path, 0o700)  # a move rewrites its ".."
+              os.rename(path, f".{spare}")
+            else:
+              os.unlink(path)
+          os.rmdir(name)
+        progress = True
+      except OSError:
+        pass
+    if not names or not progress:
+      return
+
+
+def _tmpfs_full(file_bytes):
+  """Whether the working dir's file system, a tmpfs of `file_bytes`, is full: what a file at
+  RLIMIT_FSIZE (of the same size) or a write refused with ENOSPC leaves."""
+  try:
+    st = os.statvfs(".")
+  except OSError:
+    return False
+  return st.f_bavail * st.f_frsize * _FULL < file_bytes
+
+
+def _detail(value):
+  """A result line's detail as text: a str, cut to `_DETAIL_CHARS`, else nothing."""
+  return value[:_DETAIL_CHARS] if isinstance(value, str) else ""
 
 
 def _too_deep(value):
@@ -294,37 +368,46 @@ def _no_children():
   return False
 
 
-def _classify(kind, status, cpu_s, limit_cpu, result):
-  """(status, detail) from the case's wait status, its CPU time and its result message."""
+def _classify(kind, status, cpu_s, lim, data):
+  """(status, detail) from the case's wait status, its CPU time, the tmpfs, and what it wrote
+  on fd 3 (`data`): the program's word only for what `_SAID` holds."""
   if os.WIFSIGNALED(status):
     sig = os.WTERMSIG(status)
     try:
       name = signal.Signals(sig).name
     except ValueError:
       name = str(sig)
-    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limit_cpu):
+    if sig in (signal.SIGXCPU, signal.SIGKILL) and cpu_s >= _CPU_SEEN * lim["cpu_s"]:
       return "timeout", f"CPU limit ({name})"
-    if sig == signal.SIGXFSZ:
+    if sig == signal.SIGXFSZ and _tmpfs_full(lim["file_bytes"]):
       return "output_limit", "file size limit (SIGXFSZ)"
     return "runtime_error", f"killed by {name}"
   code = os.WEXITSTATUS(status)
+  try:
+    result = _last_result(data)
+  except RecursionError:
+    return "judge_error", "a result nested too deep to read"
   if result is not None:
-    return result.get("status", "runtime_error"), result.get("detail", "")
+    said, detail = result.get("status"), _detail(result.get("detail"))
+    if said in _SAID:
+      return said, detail
+    if said == "output_limit" and _tmpfs_full(lim["file_bytes"]):
+      return said, detail  # a write refused for its size (EFBIG) or for space (ENOSPC)
+    return "runtime_error", detail or "a result whose status is not the program's to give"
   if kind == "stdio" and code == 0:
     return "ok", ""
   return "runtime_error", f"exited with status {code} and no result"
 
 
 def _last_result(data):
-  """The last well-formed result line the case wrote on fd 3, or None."""
+  """The last well-formed result line the case wrote on fd 3, or None; RecursionError where
+  that line nests too deep to read."""
   for line in reversed(data.split(b"\n")):
     if line.strip():
       try:
         msg = json.loads(line)
       except ValueError:
         return None
-      except RecursionError:
-        return {"status": "judge_error", "detail": "a result nested too deep to read"}
       return msg if isinstance(msg, dict) else None
   return None
 
@@ -371,14 +454,19 @@ def _run_one(job, index, case, in_namespace):
     if child in statuses and not ready:
       break  # exited and its pipes are drained
   _kill_rest(child, statuses, in_namespace)
-  if in_namespace:  # the sandbox's own IPC namespace
-    _remove_shared_memory()
   for fd in (out_r, res_r):
     os.close(fd)
   status, cpu_s = statuses[child]
   if verdict is None:
-    verdict = _classify(job["kind"], status, cpu_s, lim["cpu_s"], _last_result(bytes(bufs[res_r])))
-  msg = {"case": index, "status": verdict[0], "detail": verdict[1][:300]}
+    verdict = _classify(job["kind"], status, cpu_s, lim, bytes(bufs[res_r]))
+  _empty_working_dir()  # after _classify, which looks at how full it is
+  if in_namespace:  # the sandbox's own IPC namespace
+    _remove_ipc_objects()
+    try:
+      os.chmod(".", 0o1777)  # as bubblewrap made it, where a program (its owner) changed it
+    except OSError:
+      pass
+  msg = {"case": index, "status": verdict[0], "detail": verdict[1]}
   if job["kind"] == "stdio" and verdict[0] != "output_limit":
     # printed output, also of a failed run (a tool call shows it beside the error)
     msg["stdout"] = bufs[out_r].decode("utf-8", "replace")

@@ -7,23 +7,40 @@ import re
 from rlvr.rewards.code.config import CODE_EXTRACTIONS
 from rlvr.rewards.extraction import after_thinking
 
-# A closed fence with its info string; only python, python3, py or none is code of ours.
-_FENCE_RE = re.compile(
-  r"^[ \t]*```[ \t]*(\S*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL
-)
+_CODE_TAGS = ("", "python", "python3", "py")
+_SPACE = re.compile(r"\s")
+
+
+def _fence(line: str) -> str | None:
+  """The info string of a fence line (```, then one word or none; spaces and tabs around),
+  "" for a bare fence; None when the line is no fence."""
+  rest = line.lstrip(" \t")
+  if not rest.startswith("```"):
+    return None
+  info = rest[3:].strip(" \t")
+  return None if _SPACE.search(info) else info
 
 
 def last_python_block(text: str) -> str | None:
   """Body of the last closed ```python (or untagged) block; None when there is none.
 
-  Fences are matched in order, so the body of a ```text block is never read as code;
-  a block cut off by the length limit has no closing fence and does not count.
+  One pass over the lines: a fence line opens a block, the next bare fence line closes it,
+  so the body of a ```text block is never read as code; a block cut off by the length limit
+  has no closing fence and does not count. Time is linear in the text, however it is built.
   """
-  found = None
-  for m in _FENCE_RE.finditer(text):
-    tag = m.group(1).lower()
-    if tag in ("", "python", "python3", "py"):
-      found = m.group(2)
+  found, tag, start = None, None, 0
+  lines = text.split("\n")
+  offset = 0  # where the current line starts
+  for i, line in enumerate(lines):
+    info = _fence(line)
+    if tag is None:
+      if info is not None and i < len(lines) - 1:  # an opening fence ends with its newline
+        tag, start = info, offset + len(line) + 1
+    elif info == "":
+      if tag.lower() in _CODE_TAGS:
+        found = text[start:offset]
+      tag = None
+    offset += len(line) + 1
   return found
 
 

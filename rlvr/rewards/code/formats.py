@@ -3,7 +3,8 @@
 - stdin/stdout (Apps, CodeContests, TACO, PRIME-RL): `{"inputs": [...], "outputs": [...]}`
   (also `input` / `output`); an input or output may be a list of lines. Outputs match line by
   line, each line as its whitespace-separated tokens (so spacing, `\\r\\n` and blank lines at
-  either end do not matter); with a float tolerance, numeric tokens also match when close.
+  either end do not matter); with a float tolerance, numeric tokens also match as numbers
+  (`numbers_close`).
 - call-based (Apps, TACO): `{"fn_name": ..., "inputs": [[args], ...], "outputs": [...]}`;
   the function is top-level or a method of `class Solution`. Returned values travel as JSON
   (tuples become lists, sets sorted lists); an expected value wrapped in a one-element list
@@ -18,8 +19,12 @@ A JSON string of any of these (how Apps stores `input_output`) is parsed first.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import json
 import math
+import re
+
+from rlvr.rewards.code.config import clean_text
 
 KINDS = ("stdio", "call", "assert")
 
@@ -79,7 +84,8 @@ class TestSpec:
     status = msg.get("status")
     if status != "ok":
       known = ("wrong_answer", "timeout", "memory", "runtime_error", "output_limit", "judge_error")
-      return False, status if status in known else "runtime_error", str(msg.get("detail", ""))
+      reason = status if status in known else "runtime_error"
+      return False, reason, clean_text(msg.get("detail", ""), 300)
     if self.kind == "assert":
       return True, "ok", ""
     want = self.outputs[index]
@@ -155,27 +161,70 @@ def _lines(text: str) -> list[list[str]]:
   return lines[start:]
 
 
-def _close(a: float, b: float, tol: float) -> bool:
-  return a == b or (tol > 0 and math.isclose(a, b, rel_tol=tol, abs_tol=tol))
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(
+  r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE
+)
+# Where a float overflows: decimal arithmetic with room for any exponent a token can carry.
+_WIDE = decimal.Context(
+  prec=40, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[decimal.InvalidOperation]
+)
 
 
-def _numbers_close(a: int | float, b: int | float, tol: float) -> bool:
-  """Two JSON numbers within `tol`; an int too large for a float compares exactly."""
+def _finite(x: int | float | decimal.Decimal) -> bool:
+  if isinstance(x, decimal.Decimal):
+    return x.is_finite()
+  return isinstance(x, int) or math.isfinite(x)
+
+
+def numbers_close(a, b, tol: float) -> bool:
+  """Whether two numbers (int, float or Decimal; no bools) match: equal, or within `tol`
+  (absolute or relative) when it is > 0.
+
+  Two ints compare exactly. nan matches nothing; an infinity only the same infinity. Where a
+  float would overflow (a 401-digit integer, 1e400) the numbers compare in decimal
+  arithmetic, never as two infinities.
+  """
+  if not (_finite(a) and _finite(b)):
+    return a == b  # nan == nan is False
+  if a == b:
+    return True  # exact, across int, float and Decimal
+  if tol <= 0 or (isinstance(a, int) and isinstance(b, int)):
+    return False
   try:
-    return _close(float(a), float(b), tol)
-  except OverflowError:
-    return a == b
+    fa, fb = float(a), float(b)
+  except OverflowError:  # an int past the float range
+    fa = fb = math.inf
+  if math.isfinite(fa) and math.isfinite(fb):
+    return math.isclose(fa, fb, rel_tol=tol, abs_tol=tol)
+  with decimal.localcontext(_WIDE):
+    da, db = decimal.Decimal(a), decimal.Decimal(b)
+    bound = max(abs(da), abs(db)) * decimal.Decimal(tol)
+    return abs(da - db) <= max(bound, decimal.Decimal(tol))
+
+
+def _token_number(token: str) -> decimal.Decimal | None:
+  """The number a token writes (decimal digits, an exponent, inf, nan), exactly; else None."""
+  if _NUMBER.fullmatch(token) is None:
+    return None
+  try:
+    return decimal.Decimal(token)
+  except decimal.InvalidOperation:  # an exponent beyond any Decimal
+    return None
 
 
 def _token_match(a: str, b: str, tol: float) -> bool:
+  """Equal tokens; with a tolerance, tokens writing matching numbers (two integers: equal)."""
   if a == b:
     return True
   if tol <= 0:
     return False
-  try:
-    return _close(float(a), float(b), tol)
-  except ValueError:
+  x, y = _token_number(a), _token_number(b)
+  if x is None or y is None:
     return False
+  if _INTEGER.fullmatch(a) and _INTEGER.fullmatch(b):
+    return x == y
+  return numbers_close(x, y, tol)
 
 
 def lines_match(got: str, want: str, float_tol: float = 0.0) -> bool:
@@ -192,7 +241,7 @@ def _value_eq(a, b, tol: float) -> bool:
   if isinstance(a, bool) or isinstance(b, bool):
     return type(a) is type(b) and a == b
   if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-    return _numbers_close(a, b, tol) if tol > 0 else a == b
+    return numbers_close(a, b, tol)
   if isinstance(a, list) and isinstance(b, list):
     return len(a) == len(b) and all(_value_eq(x, y, tol) for x, y in zip(a, b))
   if isinstance(a, dict) and isinstance(b, dict):

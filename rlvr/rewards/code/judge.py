@@ -18,6 +18,7 @@ from rlvr.rewards.code.config import (
   CodeSandboxError,
   CodeScore,
   Verdict,
+  clean_text,
 )
 from rlvr.rewards.code.extract import extract_program
 from rlvr.rewards.code.formats import TestSpec, parse_tests
@@ -77,7 +78,7 @@ def run_tests(
       failure = ("memory", f"{failure[1]} (the run reached its memory bound, {bound} MiB)")
   if failure is None:
     return Verdict(passed, spec.total, "ok")
-  return Verdict(passed, spec.total, failure[0], failure[1][:500])
+  return Verdict(passed, spec.total, failure[0], clean_text(failure[1], 500))
 
 
 def _judge_case(spec: TestSpec, index: int, msg: dict, float_tol: float) -> tuple[bool, str, str]:
@@ -103,7 +104,8 @@ def score(
   """Rewards of `responses`, each run against its tests, `cfg.workers` sandboxes at a time.
 
   Reward 1 when every test passes (0 otherwise), or the fraction passed with
-  `cfg.pass_fraction`. Checks the sandbox before running anything.
+  `cfg.pass_fraction`. A response longer than `cfg.max_response_chars` is not parsed
+  ("too_long"). Checks the sandbox before running anything.
   """
   if isinstance(responses, str):
     raise TypeError("responses: expected a sequence of strings, got a single str")
@@ -117,6 +119,9 @@ def score(
   def one(args: tuple[str, TestSpec]) -> Verdict:
     response, spec = args
     try:
+      if len(response) > cfg.max_response_chars:
+        n = cfg.max_response_chars
+        return Verdict(0, spec.total, "too_long", f"more than max_response_chars={n} characters")
       return run_tests(
         extract_program(response, cfg.extraction),
         spec,
@@ -129,7 +134,7 @@ def score(
       host = isinstance(e, (OSError, CodeSandboxError))  # could not run it
       reason = "sandbox_error" if host else "judge_error"
       _LOG.warning("code reward: a response scored 0 (%s)", reason, exc_info=True)
-      return Verdict(0, spec.total, reason, f"{type(e).__name__}: {str(e)[:300]}")
+      return Verdict(0, spec.total, reason, clean_text(f"{type(e).__name__}: {e}", 300))
 
   with concurrent.futures.ThreadPoolExecutor(cfg.workers, "rlvr-code") as pool:
     verdicts = list(pool.map(one, zip(responses, specs)))

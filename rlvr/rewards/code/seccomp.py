@@ -3,8 +3,8 @@
 The judge joins a fresh anonymous session keyring (the host's session keyring, and the keys
 in it, are not the sandbox's) and then installs a seccomp filter, built here as classic BPF
 for x86-64 (`syscall_filter`): it refuses keyctl, add_key, request_key, ptrace,
-process_vm_*, the mount and namespace calls (clone with a namespace flag included), bpf,
-perf_event_open, userfaultfd, io_uring, modules, kexec, reboot, swap and a few more
+process_vm_*, the mount and namespace calls (clone with a namespace flag included), mq_open,
+bpf, perf_event_open, userfaultfd, io_uring, modules, kexec, reboot, swap and a few more
 (`BLOCKED_SYSCALLS`), and kills a process that enters through the i386 or x32 ABI. On other
 machines there is no filter (a logged warning), and the other bounds stay.
 
@@ -34,8 +34,9 @@ NOBODY = 65534  # the judge's uid and gid when the host runs as root
 # keyctl's system call number (the judge joins a fresh session keyring with it).
 _KEYCTL_NR = {"x86_64": 250, "aarch64": 219}
 # System calls the judge and the programs never need, refused with EPERM (x86-64 numbers):
-# keys, tracing other processes, mounts, new namespaces, and kernel interfaces with a
-# history of exploits (BPF, perf, userfaultfd, io_uring), modules, kexec, reboot, swap.
+# keys, tracing other processes, mounts, new namespaces, POSIX message queues (state of the
+# IPC namespace that the judge cannot list to clear between test cases), and kernel interfaces
+# with a history of exploits (BPF, perf, userfaultfd, io_uring), modules, kexec, reboot, swap.
 BLOCKED_SYSCALLS = {
   "ptrace": 101,
   "process_vm_readv": 310,
@@ -56,6 +57,7 @@ BLOCKED_SYSCALLS = {
   "mount_setattr": 442,
   "unshare": 272,
   "setns": 308,
+  "mq_open": 240,
   "bpf": 321,
   "perf_event_open": 298,
   "userfaultfd": 323,

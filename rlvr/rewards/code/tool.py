@@ -3,8 +3,9 @@
 A policy that calls a python tool mid-solution (`rlvr.envs.python_tool`) runs each block
 here, in the same sandbox and under the same limits as a graded program (`sandbox`), and
 reads back what it printed. Whatever the program does (hangs, forks, floods its output,
-crashes) ends as a `ToolResult` whose `status` names it; nothing it does raises here but a
-missing or broken sandbox (`CodeSandboxError`), which a run checks once at start-up.
+crashes) ends as a `ToolResult` whose `status`, one of `TOOL_STATUSES`, names it (a metric
+counts each); nothing it does raises here but a missing or broken sandbox
+(`CodeSandboxError`), which a run checks once at start-up.
 """
 
 from __future__ import annotations
@@ -13,18 +14,28 @@ import dataclasses
 import time
 
 from rlvr.rewards.code import sandbox as sandbox_lib
-from rlvr.rewards.code.config import CodeLimits, CodeSandboxError
+from rlvr.rewards.code.config import CodeLimits, CodeSandboxError, clean_text
 from rlvr.rewards.code.formats import parse_tests
 
 _STARTUP_S = 15.0  # the judge's own start, on top of the program's wall limit
 _SLACK_S = 1.0  # fork, report, kill what is left
+TOOL_STATUSES = (
+  "ok",
+  "timeout",
+  "memory",
+  "runtime_error",
+  "output_limit",
+  "judge_error",
+  "sandbox_error",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
   """status: "ok", or why the call failed: "timeout", "memory", "runtime_error" (an
   exception or a non-zero exit; `detail` names it), "output_limit", "judge_error",
-  "sandbox_error". stdout: what the program printed (also when it failed)."""
+  "sandbox_error" (`TOOL_STATUSES`). stdout: what the program printed (also when it failed).
+  detail: at most 300 characters, no control characters."""
 
   status: str
   stdout: str
@@ -56,9 +67,11 @@ def run_python(code: str, limits: CodeLimits, sandbox: str = "bwrap") -> ToolRes
     raise
   except Exception as e:  # noqa: BLE001 - one tool call never ends the run
     msg = {"status": "sandbox_error", "detail": f"{type(e).__name__}: {str(e)[:200]}"}
+  status = msg.get("status")
+  stdout = msg.get("stdout")
   return ToolResult(
-    str(msg.get("status", "runtime_error")),
-    str(msg.get("stdout", "")),
-    str(msg.get("detail", "")),
+    status if status in TOOL_STATUSES else "runtime_error",
+    stdout if isinstance(stdout, str) else "",
+    clean_text(msg.get("detail"), 300),
     time.monotonic() - t0,
   )
