@@ -27,7 +27,8 @@ from rlvr.sampling.config import SamplerConfig
 @dataclasses.dataclass(frozen=True)
 class ModelSource:
   path: str = ""  # HF dir or hub id of the policy; "" = a tiny random one
-  cache_dir: str = ""  # where tiny models are cached; "" = $RLVR_CACHE_DIR, else ~/.cache/rlvr
+  cache_dir: str = ""  # where tiny models and converted GGUF files are cached; "" =
+  # $RLVR_CACHE_DIR, else ~/.cache/rlvr
   tiny: dict = dataclasses.field(default_factory=dict)  # make_tiny overrides (path "")
 
 
