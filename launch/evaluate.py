@@ -24,7 +24,9 @@ flags.DEFINE_string(
   "run's own eval sets, instruction and eval settings (RUN/config.json); "
   "flags given explicitly override them.",
 )
-flags.DEFINE_string("model", None, "HF model directory (default with --run: RUN/policy).")
+flags.DEFINE_string(
+  "model", None, "HF model directory, hub id or GGUF file (default with --run: RUN/policy)."
+)
 flags.DEFINE_list(
   "data",
   [],
@@ -130,11 +132,11 @@ def main(argv):
   model_dir = FLAGS.model or (os.path.join(FLAGS.run, "policy") if FLAGS.run else None)
   if not model_dir:
     raise app.UsageError("give --model=HF_DIR or --run=WORKDIR")
-  from rlvr.model import hub
+  from rlvr.run.workdir import resolve_model
 
   try:
-    model_dir = hub.resolve(model_dir, "--model")
-  except FileNotFoundError as e:
+    model_dir = resolve_model(model_dir, "--model")
+  except (FileNotFoundError, ValueError) as e:  # a bad path or GGUF file: one line
     raise app.UsageError(str(e)) from None
   pick = lambda name, run_value: (
     FLAGS[name].value if FLAGS[name].present or run_cfg is None else run_value

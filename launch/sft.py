@@ -16,7 +16,9 @@ import os
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", None, "HF model directory to start from.", required=True)
+flags.DEFINE_string(
+  "model", None, "HF model directory, hub id or GGUF file to start from.", required=True
+)
 flags.DEFINE_string("data", None, "jsonl/json/parquet pairs, or 'arithmetic'.", required=True)
 flags.DEFINE_string("workdir", "workdir/sft", "Output directory.")
 flags.DEFINE_string("problem_field", "prompt", "Prompt column (chat-templated).")
@@ -77,11 +79,11 @@ def main(argv):
     dual_clip=None,
     lora=LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, FLAGS.lora_dropout),
   )
-  from rlvr.model import hub
+  from rlvr.run.workdir import resolve_model
 
   try:
-    model_dir = hub.resolve(FLAGS.model, "--model")
-  except FileNotFoundError as e:
+    model_dir = resolve_model(FLAGS.model, "--model")
+  except (FileNotFoundError, ValueError) as e:  # a bad path or GGUF file: one line
     raise app.UsageError(str(e)) from None
   from rlvr.run import oom
 

@@ -81,15 +81,22 @@ def cache_dir(setting: str) -> str:
   return os.path.expanduser(setting or os.environ.get(CACHE_ENV) or "~/.cache/rlvr")
 
 
+def resolve_model(path: str, field: str, cache: str = "") -> str:
+  """The HF dir of a model path as users write it: a GGUF file or the short name of one,
+  converted once into the model cache (`cache`: as model.cache_dir), else an HF dir or a
+  hub id (`hub.resolve`). A bad path or file is one line naming `field`."""
+  gguf = gguf_io.locate(os.path.expanduser(path), field)
+  if gguf is not None:
+    return gguf_io.cached(gguf, cache_dir(cache), field)
+  return hub.resolve(path, field)
+
+
 def prepare_model(cfg) -> str:
   """The HF dir to start from: `model.path` (a GGUF file or short name of one is converted
   once into the model cache), or a cached `make_tiny` build (a line names the cache, which
   is outside the work dir)."""
   if cfg.model.path:
-    gguf = gguf_io.locate(os.path.expanduser(cfg.model.path), "model.path")
-    if gguf is not None:
-      return gguf_io.cached(gguf, cache_dir(cfg.model.cache_dir), "model.path")
-    return hub.resolve(cfg.model.path, "model.path")
+    return resolve_model(cfg.model.path, "model.path", cfg.model.cache_dir)
   tiny = cfg.model.tiny.to_dict() if hasattr(cfg.model.tiny, "to_dict") else dict(cfg.model.tiny)
   key = hashlib.sha1(json.dumps(tiny, sort_keys=True).encode()).hexdigest()[:10]
   path = os.path.join(cache_dir(cfg.model.cache_dir), f"tiny-{key}")
