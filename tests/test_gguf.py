@@ -29,7 +29,7 @@ CHAT = [{"role": "user", "content": "What is 12 + 7? Answer in one word."}]
 # ------------------------------------------------------------------ SmolLM2
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-  """(GGUF file, its HF folder, the cache): the model's one conversion in this session,
+  """(GGUF file, its HF folder, the cache): converted once for this module,
   through `model.path` as a run reads it."""
   cache = str(tmp_path_factory.mktemp("gguf_cache"))
   return gguf_io.locate(SMOLLM2), _prepare(SMOLLM2, cache), cache

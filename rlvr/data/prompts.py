@@ -79,5 +79,5 @@ def _with_plain_content(tokenizer, text: str, template, chat_template: str) -> l
       "token's text in it cannot be kept as text"
     )
   head, tail = rendered.split(_SLOT)
-  marked = lambda part: [int(t) for t in tokenizer(part, add_special_tokens=False)["input_ids"]]
-  return marked(head) + tokens.encode_plain(tokenizer, text) + marked(tail)
+  plain = tokens.encode_plain(tokenizer, text)
+  return tokens.encode_markers(tokenizer, head) + plain + tokens.encode_markers(tokenizer, tail)

@@ -80,10 +80,10 @@ def encode_plain(tokenizer, text, add_special_tokens: bool = False) -> list[int]
     return _ids(tokenizer, text, add_special_tokens, split=False)
   ids = _ids(tokenizer, text, add_special_tokens, split=True)
   added = _ids(tokenizer, "", True, split=False) if add_special_tokens else []
-  if sum(i in special_ids(tokenizer) for i in ids) <= len(added):
+  if count_special(tokenizer, ids) <= len(added):
     return ids
   # A tokenizer without split_special_tokens: break each special string before its first
-  # character (the rest holds no special string: a shorter one would be found first).
+  # character (what follows the break is searched again).
   return _split_encode(tokenizer, text, add_special_tokens)
 
 
@@ -104,6 +104,12 @@ def _split_encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
   core, full = _ids(tokenizer, "a", False, False), _ids(tokenizer, "a", True, False)
   at = next(k for k in range(len(full) - len(core) + 1) if full[k : k + len(core)] == core)
   return full[:at] + body + full[at + len(core) :]  # what the tokenizer adds around text
+
+
+def encode_markers(tokenizer, text: str) -> list[int]:
+  """Token ids of text the library itself writes around outside text (a chat template's
+  markers, an environment's declared wrap): its special-token strings are special ids."""
+  return _ids(tokenizer, text, False, split=False)
 
 
 def count_special(tokenizer, ids: Iterable[int]) -> int:

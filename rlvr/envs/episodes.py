@@ -307,8 +307,6 @@ def episodes_for(
     cfg,
     decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
     encode=lambda text: tokens.encode_plain(tokenizer, text),
-    encode_markers=lambda text: [
-      int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]
-    ],
+    encode_markers=lambda text: tokens.encode_markers(tokenizer, text),
     agree=agree,
   )
