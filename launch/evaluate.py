@@ -12,7 +12,9 @@ sandbox (rlvr.rewards.code), as is any file set with --domain=code.
 Samples in-process with JaxSampler, or from vLLM servers with --vllm_urls.
 """
 
+import contextlib
 import dataclasses
+import sys
 
 from absl import app, flags, logging
 
@@ -137,7 +139,7 @@ def main(argv):
   try:
     model_dir = resolve_model(model_dir, "--model")
   except (FileNotFoundError, ValueError) as e:  # a bad path or GGUF file: one line
-    raise app.UsageError(str(e)) from None
+    _stop(e)
   pick = lambda name, run_value: (
     FLAGS[name].value if FLAGS[name].present or run_cfg is None else run_value
   )
@@ -188,9 +190,14 @@ def main(argv):
   try:
     chat_templates.check(chat_template)  # a bad value stops here, before sampling
   except ValueError as e:
-    raise app.UsageError(str(e)) from None
-  rcfg = settings.frozen(RewardConfig, run_cfg.reward) if run_cfg else RewardConfig()
-  rcfg = dataclasses.replace(rcfg, integer_answers=FLAGS.integer_answers)
+    _stop(e)
+  try:  # a reward module that does not import: one line
+    rcfg = settings.frozen(RewardConfig, run_cfg.reward, prefix="reward.") if run_cfg else None
+    rcfg = dataclasses.replace(rcfg or RewardConfig(), integer_answers=FLAGS.integer_answers)
+    if FLAGS.domain:  # checked as the run's reward.domain is
+      dataclasses.replace(rcfg, domain=FLAGS.domain)
+  except ValueError as e:
+    _stop(e)
   default_domain = FLAGS.domain or rcfg.domain
   domains = {name: domains.get(name, default_domain) for name in sets}
   workdir = pick("workdir", os.path.join(FLAGS.run or "", "eval_again"))
@@ -202,9 +209,10 @@ def main(argv):
   try:
     episodes = envs.episodes_for(env_cfg, envs.make(env_cfg), tok)
   except ValueError as e:
-    raise app.UsageError(str(e)) from None
+    _stop(e)
   results = {}
   with (
+    _one_line(),
     oom.reported("launch.evaluate", "evaluation", "lower --batch_prompts, --max_tokens or --n"),
     contextlib.ExitStack() as stack,
   ):
@@ -246,6 +254,24 @@ def main(argv):
     ", samples_*.jsonl" if FLAGS.samples else ""
   )
   print(f"launch.evaluate: wrote {written} to {os.path.abspath(workdir)}", flush=True)
+
+
+def _stop(e: Exception):
+  """A user's error (a path, a setting, their reward): one line on stderr, exit 1."""
+  sys.stderr.write(f"launch.evaluate: {' '.join(str(e).split())}\n")
+  sys.exit(1)
+
+
+@contextlib.contextmanager
+def _one_line():
+  """A reward function that fails on a whole call (rewards.custom.RewardFunctionError): one
+  line, not a traceback."""
+  from rlvr.rewards.custom import RewardFunctionError
+
+  try:
+    yield
+  except RewardFunctionError as e:
+    _stop(e)
 
 
 def _run_settings(workdir: str):

@@ -8,6 +8,7 @@ Rerunning the same command resumes from the work dir's last checkpoint; Ctrl-C
 or SIGTERM stops after the current step with a checkpoint saved.
 """
 
+import importlib.util
 import os
 import re
 import signal
@@ -85,13 +86,44 @@ def _unknown_key(text: str, argv) -> str:
   else:
     path = []
   line = f"unknown config field {'.'.join([*path, key])}"
-  return line + (f"; did you mean {'.'.join([*path, hint])}?" if hint else "")
+  if hint:
+    return line + f"; did you mean {'.'.join([*path, hint])}?"
+  named = _fields_ending(key, argv)
+  return line + (f"; did you mean {' or '.join(named[:3])}?" if named else "")
+
+
+def _fields_ending(key: str, argv) -> list[str]:
+  """The config's fields whose last part is `key` (learning_rate -> rl.learner.learning_rate),
+  read from the --config file as the flags name it; [] when it does not load."""
+  spec = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), None)
+  if spec is None:
+    return []
+  path, _, arg = spec.partition(":")
+  try:
+    loaded = importlib.util.spec_from_file_location("_rlvr_config", path)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+    flat = config.to_dict()
+  except Exception:  # noqa: BLE001 - only a hint: a config that does not load gives none
+    return []
+
+  def walk(d, prefix):
+    for k, v in d.items():
+      yield from walk(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"]
+
+  return sorted(f for f in walk(flat, "") if f.rsplit(".", 1)[-1] == key)
 
 
 def flag_error(e: Exception, argv) -> str:
   """One line for a flag or config key absl / ml_collections refused: the field as the
   config names it (rl.steps), what it must be, the value given."""
   text = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split())
+  missing = re.search(
+    r"Failed loading config file .*?\[Errno 2\] No such file or directory: (.*)$", text
+  )
+  if missing:
+    return f"--config: no such file {missing.group(1)}"
   if isinstance(e, (AttributeError, KeyError)):  # ml_collections: a key that does not exist
     return _unknown_key(text, argv)
   bad = re.match(r"^flag --([^=\s]+)=(.*?): (.*)$", text)
@@ -127,16 +159,19 @@ _RUN_FIELDS = (
 
 
 def _rates(before: dict | None, after: dict | None) -> list[str]:
-  """One line per eval set: pass@1 and the largest k, before -> after RL."""
+  """One line per eval set: pass@1 and the largest k (and the well-formed share), before ->
+  after RL."""
   before, after = before or {}, after or {}
   lines = []
   for name in dict.fromkeys([*before, *after]):
     b, a = before.get(name, {}), after.get(name, {})
-    ks = sorted({*b, *a}, key=lambda k: int(k.split("@")[1]))
+    ks = sorted({k for k in (*b, *a) if k.startswith("pass@")}, key=lambda k: int(k[5:]))
     shown = []
-    for k in dict.fromkeys([ks[0], ks[-1]]) if ks else ():
+    for k in [*dict.fromkeys([ks[0], ks[-1]] if ks else ()), "well_formed"]:
+      if k not in b and k not in a:
+        continue
       values = [f"{100 * r[k]:.1f}%" for r in (b, a) if k in r]
-      shown.append(f"{k} {' -> '.join(values)}")
+      shown.append(f"{k.replace('_', '-')} {' -> '.join(values)}")
     lines.append(f"{name}: {', '.join(shown)}" + (" (before -> after RL)" if b and a else ""))
   return lines
 

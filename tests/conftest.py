@@ -124,11 +124,58 @@ def pytest_xdist_make_scheduler(config, log):
   return ByModule(config, log)
 
 
+# The fast tier, `pytest -m "not slow"`: every layer's unit tests, without the tests marked
+# slow in their modules, those listed in tests/slow_tests.txt (measured over 6 s) and those
+# that take a vLLM server or the SFT'd policy (a server start, an SFT run).
+_SLOW_FIXTURES = {"vllm_server", "keyed_server", "lora_server", "arithmetic_policy"}
+
+
+def _slow_tests() -> set[str]:
+  with open(os.path.join(_TESTS, "slow_tests.txt")) as f:
+    return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
+def pytest_collection_modifyitems(config, items):
+  listed, names = _slow_tests(), set()
+  for item in items:
+    name = f"{os.path.relpath(str(item.path), _TESTS)}::{item.originalname}"
+    names.add(name)
+    if name in listed or _SLOW_FIXTURES & set(item.fixturenames):
+      item.add_marker(pytest.mark.slow)
+  if config.option.keyword or any("::" in a for a in config.args):
+    return  # some tests of a module are not collected: no telling a stale name
+  modules = {n.split("::")[0] for n in names}
+  stale = sorted(n for n in listed - names if n.split("::")[0] in modules)
+  if stale:
+    raise pytest.UsageError(f"tests/slow_tests.txt names tests that do not exist: {stale}")
+
+
+_MODULE_SECONDS: dict[str, list] = {}  # module -> [seconds, worker]: where the suite's time goes
+
+
+def pytest_runtest_logreport(report):
+  seconds = _MODULE_SECONDS.setdefault(report.nodeid.split("::")[0], [0.0, ""])
+  seconds[0] += report.duration
+  seconds[1] = getattr(report, "node", None) and report.node.gateway.id or seconds[1]
+
+
 def pytest_terminal_summary(terminalreporter):
+  tr = terminalreporter
+  if _MODULE_SECONDS:
+    tr.section("time by module (setup, call and teardown)")
+    by_worker: dict[str, float] = {}
+    for seconds, worker in _MODULE_SECONDS.values():
+      by_worker[worker] = by_worker.get(worker, 0.0) + seconds
+    tr.write_line(
+      ", ".join(f"{w or 'pytest'} {s / 60:.1f} min" for w, s in sorted(by_worker.items()))
+    )
+    ranked = sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1][0])
+    for module, (seconds, worker) in ranked[:20]:
+      tr.write_line(f"  {seconds:7.1f} s  {module}" + (f" ({worker})" if worker else ""))
   processes = _WORKERS or ({"pytest": _memory_figures()} if _MODULE_RSS else {})
   if not processes:
     return
-  tr = terminalreporter
   tr.section("memory")
   grew = []
   for name, fig in sorted(processes.items()):

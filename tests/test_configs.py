@@ -187,6 +187,11 @@ def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
     ("rl.stepz=5", "unknown config field rl.stepz; did you mean rl.steps?"),
     ("rl.loop.stepz=5", "unknown config field rl.loop.stepz"),
     ("tracking.tensorboard=False", "unknown config field tracking"),
+    (
+      "learning_rate=1e-5",  # fields whose last part matches
+      "unknown config field learning_rate; did you mean rl.learner.learning_rate or "
+      "sft.learner.learning_rate?",
+    ),
     ("rl.steps=abc", "rl.steps: must be an integer, got 'abc'"),
     ("rl.loop.group_size='fast", 'rl.loop.group_size: must be an integer, got "\'fast"'),
     ("rl.learner.learning_rate=fast", "rl.learner.learning_rate: must be a number, got 'fast'"),
@@ -210,12 +215,24 @@ def test_a_bad_flag_is_one_line_naming_the_field_and_the_value(override, line):
   assert train.flag_error(e.value, argv) == line
 
 
+def test_a_missing_config_file_is_one_line_naming_it():
+  from launch import train
+
+  argv = ["train", "--config=configs/no_such_config.py"]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, sys_argv=argv)
+  with pytest.raises(Exception) as e:  # noqa: B017 - absl and ml_collections raise many kinds
+    fv(argv)
+    fv.config.to_dict()
+  assert train.flag_error(e.value, argv) == "--config: no such file 'configs/no_such_config.py'"
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_config_passes_the_start_up_checks(name):
   from rlvr.run import experiment
 
   c = importlib.import_module(f"configs.{name}").get_config()
-  if c.sampler.kind == "vllm":  # paper configs take their servers by flag
+  if c.sampler.kind == "vllm" and not c.sampler.local_servers:  # paper configs: servers by flag
     c.sampler.urls = ["http://localhost:8000"]
   checked = experiment.check(c)
   assert checked.rl_loop.group_size >= 2 and checked.checkpoint.every >= 1
@@ -244,7 +261,15 @@ def test_every_config_passes_the_start_up_checks(name):
     ("eval.every=-1", "eval.every: must be >= 0 (0 = before and after RL only), got -1"),
     ("data.arithmetic.n_train=-5", "data.arithmetic.n_train: must be >= 0, got -5"),
     ("data.on_bad_row=warn", "data.on_bad_row: unknown 'warn'; expected skip|error"),
-    ("sampler.kind=vllm", "sampler.urls: the vllm sampler needs at least one server URL"),
+    (
+      "sampler.kind=vllm",
+      "sampler.urls: the vllm sampler needs at least one server URL, or local_servers=1 to "
+      "start one for the run",
+    ),
+    (
+      "sampler.local_servers=-1",
+      "sampler.local_servers / local_device: must be >= 0 / cpu|gpu, got -1 / 'cpu'",
+    ),
     ("sampler.max_concurrency=0", "sampler.max_concurrency: must be >= 1, got 0"),
     ("sampler.retries=-1", "sampler.retries: must be an int >= 0, got -1"),
     # Sections whose classes name their fields (RewardConfig.extraction): the config path.

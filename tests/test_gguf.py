@@ -96,6 +96,68 @@ def test_a_gguf_converts_once_into_the_cache(smollm2, capsys, monkeypatch):
     _prepare(os.path.join(cache, "missing.gguf"), cache)
 
 
+def test_smollm2_responses_end_at_its_im_end_in_the_jax_sampler(smollm2):
+  from transformers import AutoTokenizer
+
+  from rlvr.sampling import JaxSampler, SamplingParams
+
+  _, hf_dir, _ = smollm2
+  tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+  cfg, params = model.load_hf(hf_dir)
+  sampler = JaxSampler(cfg, params, tokenizer)
+  [[c]] = sampler.generate([_ids(tokenizer)], SamplingParams(temperature=0.0, max_tokens=48))
+  assert c.finish_reason == "stop" and c.token_ids[-1] == tokenizer.eos_token_id == 2
+  assert 2 not in c.token_ids[:-1] and "<|im_end|>" not in c.text
+
+
+def test_one_rl_step_of_the_real_job_through_a_vllm_server(smollm2, tmp_path):
+  """configs/smollm2_arith.py, scaled down: SFT, evaluations, one GRPO step sampled by the
+  vLLM CPU server the run starts (sampler.local_servers) on SmolLM2 in its own chat
+  template; every response that stopped ends at SmolLM2's <|im_end|>."""
+  import json
+  import subprocess
+  import sys
+
+  _, _, cache = smollm2
+  out = tmp_path / "run"
+  flags = [
+    "--config=configs/smollm2_arith.py",
+    f"--config.workdir={out}",
+    f"--config.model.cache_dir={cache}",
+    "--config.data.arithmetic.n_sft=4",
+    "--config.data.arithmetic.n_train=8",
+    "--config.data.arithmetic.n_heldout=2",
+    "--config.sft.steps=1",
+    "--config.sft.batch_size=4",
+    "--config.rl.steps=1",
+    "--config.rl.loop.prompts_per_step=2",
+    "--config.rl.loop.group_size=2",
+    "--config.rl.loop.max_response_len=24",
+    "--config.rl.loop.dynamic_sampling=False",
+    "--config.rl.log_samples_every=1",
+    "--config.eval.sampling.n=1",
+    "--config.eval.sampling.max_tokens=24",
+    "--config.export_hf=False",
+  ]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(
+    [sys.executable, "-m", "launch.train", *flags], cwd=root, capture_output=True, text=True
+  )
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  assert "sampler: vLLM up at http://127.0.0.1:" in done.stdout
+  [row] = [json.loads(x) for x in open(out / "metrics.jsonl") if '"time_update"' in x]
+  assert row["step"] == 0 and row["skipped_update"] == 0 and row["time_sample"] > 0
+  responses = [json.loads(x) for x in open(out / "samples" / "step_0.jsonl")]
+  assert len(responses) == 4 and responses[0]["prompt"].startswith("⟦<|im_start|>⟧system")
+  stopped = [r for r in responses if r["finish_reason"] == "stop"]
+  assert stopped, responses
+  for r in stopped:
+    assert r["response_seen"].endswith("⟦<|im_end|>⟧")
+    assert r["response_seen"].count("⟦") == 1
+  summary = json.load(open(out / "summary.json"))
+  assert 0 <= summary["eval_after_rl"]["heldout"]["well_formed"] <= 1
+
+
 # ------------------------------------------------------------------ synthetic files
 def _tokenizer_metadata(vocab: int) -> dict:
   """A byte-level BPE of `vocab` tokens: the byte alphabet, ChatML's specials, pair merges."""

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rlvr import objectives
+from rlvr.learner import packing
 
 
 # ------------------------------------------------------------- numpy reference
@@ -184,6 +185,22 @@ def test_entropy_and_chunked_logprobs_match_dense():
     return jnp.take_along_axis(z, tokens[:, 1:, None], -1).sum()
 
   np.testing.assert_allclose(g, jax.grad(dense)(hidden), rtol=1e-4, atol=1e-5)
+  # at chosen positions only (packing.loss_positions of a mask): the same values there, 0
+  # elsewhere, and the gradient of their sum is the dense one of the same positions
+  mask = np.zeros((b, t), np.float32)
+  mask[0, 4:9], mask[1, 2:4], mask[1, 10:13] = 1, 1, 1
+  pos = jnp.asarray(packing.loss_positions(mask, minimum=4))
+  assert pos.shape == (b, 8) and int(pos[1, 4]) == 12 and int(pos[1, 5]) == 0
+  at = lambda h: objectives.positions_logprobs_and_entropy(h, head, tokens, pos, chunk=3)
+  logp_at, ent_at = at(hidden)
+  full_logp, full_ent = objectives.token_logprobs_and_entropy(hidden, head, tokens, chunk=4)
+  np.testing.assert_allclose(logp_at, np.where(mask, full_logp, 0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ent_at, np.where(mask, full_ent, 0), rtol=1e-5, atol=1e-6)
+  g_at = jax.grad(lambda h: at(h)[0].sum())(hidden)
+  g_full = jax.grad(
+    lambda h: (objectives.token_logprobs_and_entropy(h, head, tokens)[0] * mask).sum()
+  )(hidden)
+  np.testing.assert_allclose(g_at, g_full, rtol=1e-4, atol=1e-5)
 
 
 def test_truncated_is_weight():

@@ -63,12 +63,13 @@ def _write_data(data_dir) -> tuple[str, str]:
   return train_path, eval_path
 
 
-def _launch(workdir, train_path, eval_path):
+def _launch(workdir, train_path, eval_path, *more, returncode=0):
   flags = [
     f"--workdir={workdir}",
     f"--config.data.train_path={train_path}",
     f"--config.data.sft_path={train_path}",
     f"--config.data.eval_paths={eval_path}",
+    *more,
   ]
   out = subprocess.run(
     [sys.executable, "-m", "launch.train", *FLAGS, *flags],
@@ -78,7 +79,7 @@ def _launch(workdir, train_path, eval_path):
     text=True,
     timeout=900,
   )
-  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.returncode == returncode, out.stderr[-3000:]
   return out
 
 
@@ -119,6 +120,20 @@ def test_hostile_rows_are_named_and_a_corrupt_sft_model_is_trained_again(tmp_pat
   # Trained again from the same data and seed: the same weights, and they verify.
   assert checkpoint.verify(model) is None and _blake2b(weights) == trained
   assert os.path.isdir(aside)
+
+  # Another run starts from this finished SFT (sft.init_from) instead of training its own,
+  # and only from one that verifies.
+  other = tmp_path / "other"
+  reused = _launch(str(other), train_path, eval_path, f"--config.sft.init_from={workdir}")
+  assert f"SFT: reusing {model} (sft.init_from)" in reused.stdout
+  assert not (other / "sft").exists() and (other / "eval_before_rl").is_dir()
+  _overwrite_middle(weights)
+  flag = f"--config.sft.init_from={workdir}"
+  bad = _launch(str(tmp_path / "third"), train_path, eval_path, flag, returncode=1)
+  assert bad.stderr.strip().splitlines()[-1] == (
+    f"launch.train: sft.init_from: {model} does not verify: model.safetensors: contents "
+    "differ from the manifest (BLAKE2b checksum) (--verbose for the traceback)"
+  )
 
 
 def test_a_parquet_schema_nested_too_deep_stops_the_run_with_one_line_naming_the_file(tmp_path):

@@ -77,6 +77,24 @@ def test_micro_batches_give_the_same_update(tiny, aggregation):
     by_rows.micro_count(rows + 1)
 
 
+def test_auto_micro_batches_follow_the_compilers_plan(tiny):
+  """micro_batches=0 takes one micro-batch when the planned temporaries fit the budget and
+  as many as the rows allow when nothing fits; the step is the one those counts give."""
+  _, cfg, params = tiny
+  one = worker.learner_config(micro_batches=1)
+  roomy = worker.learner_config(micro_batches=0, micro_memory_gb=64.0)
+  tight = worker.learner_config(micro_batches=0, micro_memory_gb=1e-9)
+  rows = worker.make_batch(0, cfg.vocab_size)["tokens_bt"].shape[0]
+  s1, m1 = _run(cfg, params, one, {"fsdp": 1}, devices=jax.devices()[:1])
+  sr, mr = _run(cfg, params, roomy, {"fsdp": 1}, devices=jax.devices()[:1])
+  assert (m1["micro_batches"], mr["micro_batches"]) == (1, 1)
+  assert float(mr["loss"]) == float(m1["loss"])
+  _assert_params_close(sr.params, s1.params, rtol=0, atol=0)
+  st, mt = _run(cfg, params, tight, {"fsdp": 2}, devices=jax.devices()[:2])
+  assert mt["micro_batches"] == rows // 2  # one row per device per micro-batch
+  _assert_params_close(st.params, s1.params)
+
+
 @pytest.mark.parametrize(
   "mesh_axes", [{"fsdp": 8}, {"data": 2, "fsdp": 2, "tensor": 2}, {"tensor": 8}]
 )

@@ -236,9 +236,17 @@ def test_episodes_and_lora_on_two_processes_equal_one_process(plain_runs, tmp_pa
   s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
   for key in ("eval_before_rl", "eval_after_rl"):
     assert s1[key] == s2[key]
-  for name in ("adapter_model.safetensors", "adapter_config.json"):
-    got = (two / "policy_adapter" / name).read_bytes()
-    assert got == (one / "policy_adapter" / name).read_bytes()
+  weights = "adapter_model.safetensors"
+  assert (two / "policy_adapter" / weights).read_bytes() == (
+    (one / "policy_adapter" / weights).read_bytes()
+  )
+  # The same adapter config, each naming its own run's SFT model as the base
+  c1, c2 = (
+    json.loads((d / "policy_adapter" / "adapter_config.json").read_text()) for d in (one, two)
+  )
+  for c, d in ((c1, one), (c2, two)):
+    assert c.pop("base_model_name_or_path") == str(d / "sft" / "model")
+  assert c1 == c2
 
 
 def test_split_sampler_gives_every_process_the_one_process_rollout(

@@ -38,6 +38,7 @@ TOO_BIG = [
   "--config.eval.sampling.max_tokens=8",
   "--config.rl.steps=1",
   "--config.rl.loop.dynamic_sampling=False",
+  "--config.rl.learner.micro_batches=1",  # the automatic count would split it until it fits
   "--config.rl.loop.ppo_mini_batch_size=0",
   "--config.rl.loop.prompts_per_step=32",
   "--config.rl.loop.max_prompt_len=2000",
@@ -47,8 +48,8 @@ TOO_BIG = [
 EXPECTED = re.compile(
   re.escape(
     "launch.train: out of memory in the RL update (XLA could not allocate SIZE GiB): use "
-    "more, smaller micro-batches (lower rl.learner.micro_batch_rows, or raise "
-    "rl.learner.micro_batches), set rl.learner.remat=True, lower rl.loop.max_response_len / "
+    "more, smaller micro-batches (lower rl.learner.micro_memory_gb, or set "
+    "rl.learner.micro_batch_rows / micro_batches), set rl.learner.remat=True, lower rl.loop.max_response_len / "
     "max_prompt_len, rl.loop.prompts_per_step (or rl.loop.ppo_mini_batch_size), or use more "
     "devices (mesh); python bench/plan.py --config=configs/tiny_rlvr.py --devices=1 (with "
     "the same --config.* flags) tells what fits before a run (--verbose for the traceback)"

@@ -60,6 +60,7 @@ RUN_HERE = {
   "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make": "test_train_with_the_readme_method_from_outside_the_library",
   "python -m launch.train --config=configs/tiny_composition.py": "test_composition_curriculum_at_embedded_scale",
   "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:score": "test_train_with_the_readme_reward_from_outside_the_library",
+  "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:compute_score,": "test_train_with_the_readme_reward_from_outside_the_library",
   "python -m launch.train --config=configs/tiny_rlvr.py --config.env.name=my_env:make": "test_train_with_the_readme_environment_from_outside_the_library",
   "python -m launch.train --config=configs/tiny_tool.py": "test_tiny_tool_calls_the_python_tool",
   "python -m launch.train --config=configs/tiny_rlvr_lora.py": "test_tiny_rlvr_lora_trains_adapters_and_exports_them",
@@ -67,6 +68,10 @@ RUN_HERE = {
 # The README's main command and `evaluate --run` (docs/launch.md): the embedded default end to
 # end (SFT, eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
 _EMBEDDED = "tests/test_embedded_default.py::test_embedded_default_runs_end_to_end"
+_SMOLLM2 = (
+  "tests/test_gguf.py::test_one_rl_step_of_the_real_job_through_a_vllm_server",
+  ('"--config=configs/smollm2_arith.py"',),
+)
 COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the command)
   "python -m launch.train --config=configs/tiny.py [--workdir=DIR] [--config.rl.steps=N]": (
     _EMBEDDED,
@@ -92,6 +97,9 @@ COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the 
     "tests/test_code_domain.py::test_tiny_code_runs_then_evaluates_on_humaneval",
     ("tiny_code.get_config()", "runner.run(c)"),
   ),
+  # the real model's job, SFT through a GRPO step on a vLLM server the run starts
+  ".venv/bin/python -m launch.train --config=configs/smollm2_arith.py": _SMOLLM2,
+  "python -m launch.train --config=configs/smollm2_arith.py": _SMOLLM2,
   "python -m launch.qbq_diversity --run=": (
     "tests/test_qbq_loop.py::test_two_rounds_end_to_end_resume_after_a_kill_between_stages",
     ('"launch.qbq_diversity", f"--run={full}"',),
@@ -500,6 +508,17 @@ def test_train_with_the_readme_reward_from_outside_the_library(tmp_path):
   assert -0.1 <= row["reward_mean"] <= 1.0
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["steps"] == 1 and "heldout" in summary["eval_after_rl"]
+  # verl's and TRL's forms from the same block, summed with weights
+  [summed] = readme(
+    "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:compute_score,"
+  )
+  workdir = tmp_path / "summed"
+  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+  run(argv(summed, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]), env=env)
+  [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert row["verdict_scored"] == 4 * 8 and row["reward_info_length"] > 0
+  both = row["reward_fn_compute_score"] + 0.5 * row["reward_fn_format_reward"]
+  assert row["reward_mean"] == pytest.approx(both, abs=1e-6)
 
 
 @pytest.mark.slow
@@ -531,7 +550,9 @@ def test_train_with_the_readme_environment_from_outside_the_library(tmp_path):
 def test_tiny_tool_calls_the_python_tool(tmp_path):
   """configs/tiny_tool.py scaled down: a short SFT on worked solutions that call the tool,
   then one GRPO step whose episodes run blocks in the sandbox."""
-  [command] = readme("python -m launch.train --config=configs/tiny_tool.py")
+  commands = readme("python -m launch.train --config=configs/tiny_tool.py")
+  [command] = [c for c in commands if "init_from" not in c]
+  [again] = {c for c in commands if "init_from" in c}  # README and docs/launch.md
   workdir = tmp_path / "run"
   flags = [
     "--config.sft.steps=150",
@@ -553,6 +574,21 @@ def test_tiny_tool_calls_the_python_tool(tmp_path):
   called = [s for s in samples if s["tool_calls"]]
   assert called and all(["env"] == [k for k, _ in s["spans"][1:2]] for s in called)
   assert all("```output" in s["spans"][0][1] for s in called)
+  # The same RL again from the finished SFT: no SFT of its own
+  subs = {
+    "--config.workdir=workdir/tool_try": f"--config.workdir={tmp_path / 'again'}",
+    "--config.sft.init_from=workdir/tiny_tool": f"--config.sft.init_from={workdir}",
+  }
+  out = run(argv(again, subs, extra=flags), timeout=900)  # n_sft: the same problems drawn
+  assert f"SFT: reusing {workdir / 'sft' / 'model'} (sft.init_from)" in out.stdout
+  assert not (tmp_path / "again" / "sft").exists()
+
+  # ... and the same RL step as the run that trained the SFT (timings aside)
+  def untimed(d):
+    rows = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if "time" not in k and k != "tokens_per_s"} for r in rows]
+
+  assert untimed(tmp_path / "again") == untimed(workdir)
 
 
 @pytest.mark.slow
@@ -562,12 +598,33 @@ def test_tiny_rlvr_lora_trains_adapters_and_exports_them(tmp_path):
   [command] = set(readme("python -m launch.train --config=configs/tiny_rlvr_lora.py"))
   workdir = tmp_path / "run"
   flags = _small_run("--config.rl.steps=2", "--config.export_hf=True")
+  flags.append("--config.checkpoint.export_every=1")  # policy_steps/step_1 during the run
   run(argv(command, extra=[f"--workdir={workdir}", *flags]))
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [0, 1]
   adapter = json.loads((workdir / "policy_adapter" / "adapter_config.json").read_text())
   assert (adapter["r"], adapter["lora_alpha"]) == (16, 32.0)
+  assert os.path.isfile(os.path.join(adapter["base_model_name_or_path"], "config.json"))
   assert (workdir / "policy" / "model.safetensors").exists()
+  for step in ("step_1", "step_2"):
+    assert (workdir / "policy_steps" / step / "model.safetensors").exists()
+    assert (workdir / "policy_adapter_steps" / step / "adapter_model.safetensors").exists()
+  final = (workdir / "policy" / "model.safetensors").read_bytes()
+  assert (workdir / "policy_steps" / "step_2" / "model.safetensors").read_bytes() == final
+  # Step 1's exports load as they are: transformers reads the merged model, PEFT puts step
+  # 1's adapter on the base it names, and the two compute the same logits.
+  import torch
+  from peft import PeftModel
+  from transformers import AutoModelForCausalLM
+
+  load = lambda path: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # noqa: E731
+  step_1 = workdir / "policy_adapter_steps" / "step_1"
+  base = json.loads((step_1 / "adapter_config.json").read_text())["base_model_name_or_path"]
+  tokens = torch.randint(3, 200, (2, 24), generator=torch.Generator().manual_seed(0))
+  with torch.no_grad():
+    merged = load(workdir / "policy_steps" / "step_1")(tokens).logits
+    adapted = PeftModel.from_pretrained(load(base), step_1)(tokens).logits
+  torch.testing.assert_close(adapted, merged, atol=1e-4, rtol=0)
 
 
 @pytest.mark.slow

@@ -62,6 +62,11 @@ class Example:
   index: int = -1
   solution: str | None = None
   path: str = ""
+  # The row's other columns, as read (a file's row less its problem): what a reward
+  # function of the user's may take (TRL's keyword columns, verl's `extra_info`).
+  columns: Mapping[str, Any] = dataclasses.field(
+    default_factory=dict, compare=False, hash=False, repr=False
+  )
 
   def where(self) -> str:
     """How messages name the row: "set.jsonl: line 4 (row index 3)"; "row index 3" for a
@@ -289,12 +294,17 @@ def _lookup(row: Mapping, field: str) -> Any:
   return value
 
 
-def _first_present(row: Mapping, fields: Sequence[str]) -> Any:
+def _first_field(row: Mapping, fields: Sequence[str]) -> tuple[str | None, Any]:
+  """(the first of `fields` the row holds, its value); (None, None) for none."""
   for field in fields:
     value = _lookup(row, field)
     if value is not None:
-      return value
-  return None
+      return field, value
+  return None, None
+
+
+def _first_present(row: Mapping, fields: Sequence[str]) -> Any:
+  return _first_field(row, fields)[1]
 
 
 def _problem_text(value: Any) -> str | None:
@@ -343,7 +353,7 @@ def _to_example(
   """The row's Example, or the reason it is bad."""
   if not isinstance(row, Mapping):
     return f"not an object ({type(row).__name__})"
-  raw_problem = _first_present(row, problem_fields)
+  problem_key, raw_problem = _first_field(row, problem_fields)
   if raw_problem is None:
     return f"missing problem (tried {', '.join(problem_fields)})"
   problem = _problem_text(raw_problem)
@@ -372,6 +382,7 @@ def _to_example(
     index=index,
     solution=solution if isinstance(solution, str) and solution.strip() else None,
     path=path,
+    columns={k: v for k, v in row.items() if k != problem_key},
   )
   for name in ("problem", "answer", "solution", "source"):
     bad = _SURROGATE.search(getattr(example, name) or "")

@@ -37,9 +37,12 @@ class LearnerConfig:
   aggregation: str = "token-mean"
   kl_beta: float = 0.0  # > 0 keeps a frozen reference model
   kl_estimator: str = "k3"
-  micro_batches: int = 1
+  micro_batches: int = 0  # micro-batches per update; 0: the fewest whose temporaries the
+  # compiler plans within micro_memory_gb (`update.make_update_fn`), chosen per batch shape
   micro_batch_rows: int = 0  # > 0: rows per micro-batch instead (the count then
   # follows the batch, as packed batches vary in rows)
+  micro_memory_gb: float = 0.0  # with micro_batches=0: the most the update's temporaries
+  # may take; 0: 2 GiB on CPU, 3/4 of what the state leaves on an accelerator
   remat: bool = False
   remat_policy: str = "nothing"  # with remat: "nothing" saved per layer, or "dots"
   accumulate_in_backward: bool = False  # the layer scan's backward pass adds each layer's
@@ -61,7 +64,9 @@ class LearnerConfig:
   moe_z_loss_coef: float = 0.0  # weight of the router z-loss (`moe.router_z_loss`); 0: off
   routing_replay: bool = False  # the sparse layers use the experts the sampler routed each
   # token to (batch.routes_bt), not their own top-k (R3); the router keeps its gradient
-  logits_chunk: int = 256  # positions per logits block in the loss
+  logits_chunk: int = 256  # positions per logits block in the loss, at most
+  logits_block_mb: int = 256  # and at most this many MiB per [rows, positions, vocab] f32
+  # block (a 49K vocabulary at 32 rows: 42 positions)
   attention: str = "auto"  # "auto" (blockwise at long T), "dense", "blockwise",
   # "cudnn" (GPU flash attention, right-padded rows)
   scan_layers: bool = True  # False: layers unrolled (faster on CPU for small
@@ -99,11 +104,13 @@ class LearnerConfig:
       )
     if self.compute_dtype not in DTYPES:
       raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; expected {list(DTYPES)}")
-    if self.micro_batches < 1 or self.micro_batch_rows < 0:
+    if self.micro_batches < 0 or self.micro_batch_rows < 0 or self.micro_memory_gb < 0:
       raise ValueError(
-        f"micro_batches / micro_batch_rows: must be >= 1 / >= 0, got "
-        f"{self.micro_batches} / {self.micro_batch_rows}"
+        f"micro_batches / micro_batch_rows / micro_memory_gb: must be >= 0, got "
+        f"{self.micro_batches} / {self.micro_batch_rows} / {self.micro_memory_gb}"
       )
+    if self.logits_block_mb < 1:
+      raise ValueError(f"logits_block_mb: must be >= 1, got {self.logits_block_mb}")
     if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
       raise ValueError(f"eps_low/eps_high: bad clip range {self.eps_low}/{self.eps_high}")
     if self.dual_clip is not None and self.dual_clip <= 1:
@@ -136,10 +143,16 @@ class LearnerConfig:
         f"lora: expected a rlvr.model.lora.LoraConfig, got {type(self.lora).__name__}"
       )
 
+  @property
+  def auto_micro(self) -> bool:
+    """The update picks its micro-batch count from the compiler's memory plan."""
+    return not self.micro_batches and not self.micro_batch_rows
+
   def micro_count(self, rows: int) -> int:
-    """Micro-batches a batch of `rows` rows is split into."""
+    """Micro-batches a batch of `rows` rows is split into (1 when picked automatically and
+    not yet picked: `update.make_update_fn` sets micro_batches for each batch shape)."""
     if not self.micro_batch_rows:
-      return self.micro_batches
+      return max(self.micro_batches, 1)
     if rows % self.micro_batch_rows:
       raise ValueError(
         f"micro_batch_rows: a batch of {rows} rows does not split into "
@@ -170,6 +183,8 @@ class TrainBatch:
   positions_bt: jax.Array | None = None  # packed batches; None: counted from segment_bt
   routes_bt: jax.Array | None = None  # mixture of experts: [B, T, S, k] the sampler's
   # experts per input token (-1: none), for routing replay and the mismatch metric
+  loss_positions_bk: jax.Array | None = None  # [B, K] where each row's loss tokens are
+  # (`packing.loss_positions`): the LM head runs there only; None: at every position
 
   @property
   def packed(self) -> bool:

@@ -13,13 +13,15 @@ from rlvr import objectives
 from rlvr.learner.config import DTYPES, LearnerConfig, TrainBatch
 from rlvr.model import decoder, lora, lowp
 from rlvr.model.config import ModelConfig
+from rlvr.parallel import sharding
 
 
 def sequence_logprobs(
   params, batch: TrainBatch, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None
 ):
   """(logp_bt, entropy_bt) of the batch's tokens under `params` (a params pytree, or
-  `lora.Adapted`: adapters applied beside the frozen base), target-aligned.
+  `lora.Adapted`: adapters applied beside the frozen base), target-aligned; with
+  `batch.loss_positions_bk`, at those positions only (0 elsewhere).
 
   mesh: the learner's; a mixture of experts then runs its experts per device
   (expert-parallel over an "expert" axis, `model.forward`)."""
@@ -59,9 +61,16 @@ def sequence_logprobs_routing(
   hidden, routing = out if moe else (out, None)
   head = params["embedding"].T if model_cfg.tie_word_embeddings else params["lm_head"]
   head = head.astype(dtype)
-  logp, entropy = objectives.token_logprobs_and_entropy(
-    hidden, head, batch.tokens_bt, cfg.logits_chunk, lowp.logits_matmul
-  )
+  rows, vocab = batch.tokens_bt.shape[0], head.shape[-1]
+  chunk = min(cfg.logits_chunk, max(1, (cfg.logits_block_mb << 20) // (4 * rows * vocab)))
+  if batch.loss_positions_bk is not None:  # the LM head at the loss tokens only
+    logp, entropy = objectives.positions_logprobs_and_entropy(
+      hidden, head, batch.tokens_bt, batch.loss_positions_bk, chunk, lowp.logits_matmul
+    )
+  else:
+    logp, entropy = objectives.token_logprobs_and_entropy(
+      hidden, head, batch.tokens_bt, chunk, lowp.logits_matmul
+    )
   return logp, entropy, routing
 
 
@@ -101,8 +110,12 @@ def batch_logprobs(
   return logp.swapaxes(0, 1).reshape(batch.tokens_bt.shape)  # undo the strided split
 
 
-def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None):
+def make_logprob_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None, rules=None):
   """Jitted `(params, batch) -> logp_bt` (`batch_logprobs`), e.g. to fix old logprobs
   before several steps. params: the policy's weights (`policy_weights(state)`);
-  mesh: the learner's (a mixture of experts runs expert-parallel on it)."""
-  return jax.jit(functools.partial(batch_logprobs, model_cfg=model_cfg, cfg=cfg, mesh=mesh))
+  mesh: the learner's (a mixture of experts runs expert-parallel on it); the log-probs
+  come back split over its data-parallel axes, as the update takes its batch."""
+  fn = functools.partial(batch_logprobs, model_cfg=model_cfg, cfg=cfg, mesh=mesh)
+  if mesh is None:
+    return jax.jit(fn)
+  return jax.jit(fn, out_shardings=sharding.batch_sharding(mesh, 2, rules))

@@ -80,11 +80,31 @@ def pack_rows(
       if logprobs is not None and end > p:
         sampler_logp[r, p:end] = logprobs[: end - p]
       start = end
-  out = dict(tokens_bt=tokens, segment_bt=seg, loss_mask_bt=mask, sampler_logp_bt=sampler_logp)
+  out = dict(
+    tokens_bt=tokens,
+    segment_bt=seg,
+    loss_mask_bt=mask,
+    sampler_logp_bt=sampler_logp,
+    loss_positions_bk=loss_positions(mask),
+  )
   if routes is not None:
     out["routes_bt"] = routes
   if packed:
     out.update(positions_bt=positions, sequence_bt=sequence)
+  return out
+
+
+def loss_positions(mask_bt: np.ndarray, minimum: int = 16) -> np.ndarray:
+  """[B, K] the positions of each row's loss tokens (all >= 1: a position's logprob comes
+  from the one before), 0 in unused slots; K the most any row has, as a power of two >=
+  `minimum` (few shapes), at most the row length. The learner applies its LM head there
+  only (`TrainBatch.loss_positions_bk`)."""
+  rows, width = mask_bt.shape
+  where = [np.flatnonzero(m[1:]) + 1 for m in mask_bt]
+  k = min(bucket(max((len(w) for w in where), default=0), minimum), width)
+  out = np.zeros((rows, k), np.int32)
+  for r, w in enumerate(where):
+    out[r, : len(w)] = w
   return out
 
 

@@ -4,7 +4,9 @@ accumulation over micro-batches in `train_step`, and its sharded jit (`jit_train
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -247,15 +249,53 @@ def jit_train_step(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, batch, rule
   )
 
 
+def _budget_bytes(cfg: LearnerConfig, mesh, argument_bytes: int) -> float:
+  """What the update's temporaries may take (`LearnerConfig.micro_memory_gb`)."""
+  if cfg.micro_memory_gb:
+    return cfg.micro_memory_gb * 2**30
+  device = mesh.devices.flat[0]
+  stats = device.memory_stats() if device.platform != "cpu" else None
+  if not stats or "bytes_limit" not in stats:
+    return 2.0 * 2**30
+  return 0.75 * max(stats["bytes_limit"] - argument_bytes, 0)
+
+
+def compile_fitting(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, state, batch, rules=None):
+  """(jitted step, micro-batch count) for batches shaped like `batch`: the count cfg sets,
+  or (`cfg.auto_micro`) the fewest micro-batches whose temporaries the compiler plans within
+  `_budget_bytes`, each a whole share of every device's rows. Tried from 1 up, the next try
+  scaled by how far the last plan was over."""
+  if not cfg.auto_micro:
+    step = jit_train_step(model_cfg, cfg, mesh, batch, rules)
+    return step, cfg.micro_count(batch.tokens_bt.shape[0])
+  rows = batch.tokens_bt.shape[0]
+  local = sharding.batch_sharding(mesh, 1, rules).shard_shape((rows,))[0]
+  counts = [m for m in range(1, local + 1) if local % m == 0]
+  m = 1
+  while True:
+    step = jit_train_step(model_cfg, dataclasses.replace(cfg, micro_batches=m), mesh, batch, rules)
+    plan = step.lower(state, batch).compile().memory_analysis()
+    if plan is None or m == counts[-1]:
+      return step, m
+    over = plan.temp_size_in_bytes / _budget_bytes(cfg, mesh, plan.argument_size_in_bytes)
+    if over <= 1:
+      return step, m  # jitted: it takes the state and batch as they come, as an explicit count
+    m = next(c for c in counts if c >= min(max(2 * m, math.ceil(m * over)), local))
+
+
 def make_update_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh, rules=None):
-  """`update(state, batch) -> (state, metrics)`, jitted once per batch layout
-  (`jit_train_step`)."""
+  """`update(state, batch) -> (state, metrics)`, compiled once per batch layout and shape
+  (`compile_fitting`: with `cfg.auto_micro`, split into as many micro-batches as the
+  memory budget needs). Its metrics add `micro_batches`, the count it used."""
   compiled: dict = {}
 
   def update(state: TrainState, batch: TrainBatch):
-    key = jax.tree.structure(batch)
+    key = (jax.tree.structure(batch), tuple(x.shape for x in jax.tree.leaves(batch)))
     if key not in compiled:
-      compiled[key] = jit_train_step(model_cfg, cfg, mesh, batch, rules)
-    return compiled[key](state, batch)
+      step, m = compile_fitting(model_cfg, cfg, mesh, state, batch, rules)
+      compiled[key] = step, m
+    step, m = compiled[key]
+    state, metrics = step(state, batch)
+    return state, dict(metrics, micro_batches=m)
 
   return update

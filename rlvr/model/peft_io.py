@@ -93,15 +93,22 @@ def _kernels(adapters) -> dict[tuple[str, ...], tuple[Any, Any]]:
 
 
 def save_adapter(
-  path: str, model_cfg: ModelConfig, lora_cfg: LoraConfig, adapters, dtype: Any = None
+  path: str,
+  model_cfg: ModelConfig,
+  lora_cfg: LoraConfig,
+  adapters,
+  dtype: Any = None,
+  base: str = "",
 ) -> str:
   """Writes `adapters` (trained with `lora_cfg` on a `model_cfg` model) as a PEFT LoRA
   directory at `path`; returns `path`.
 
-  dtype: of the written tensors (default: the adapters'). The directory is written beside
-  `path` and renamed into place, so `path` never holds half an adapter. Shapes are checked
-  against the model first (AdapterError naming the kernel). Multi-host: every process
-  calls this (the adapters are gathered collectively); process 0 writes.
+  dtype: of the written tensors (default: the adapters'). base: the base model's path or
+  hub id, the config's `base_model_name_or_path` (PEFT loads the base from it). The
+  directory is written beside `path` and renamed into place, so `path` never holds half an
+  adapter. Shapes are checked against the model first (AdapterError naming the kernel).
+  Multi-host: every process calls this (the adapters are gathered collectively); process 0
+  writes.
   """
   path = os.path.abspath(os.fspath(path))
   entries = _entries(model_cfg)
@@ -134,7 +141,7 @@ def save_adapter(
     config = {
       "peft_type": "LORA",
       "task_type": "CAUSAL_LM",
-      "base_model_name_or_path": "",
+      "base_model_name_or_path": base,
       "r": lora_cfg.rank,
       "lora_alpha": lora_cfg.alpha,
       "lora_dropout": lora_cfg.dropout,

@@ -58,6 +58,8 @@ from rlvr.objectives.regularizers import (
   entropy_from_logits,
   k3,
   kl_penalty,
+  next_token_logprobs,
+  positions_logprobs_and_entropy,
   token_logprobs_and_entropy,
   truncated_is_weight,
 )
@@ -91,6 +93,8 @@ __all__ = [
   "rloo_advantages",
   "sequence_mean",
   "to_tokens",
+  "next_token_logprobs",
+  "positions_logprobs_and_entropy",
   "token_logprobs_and_entropy",
   "truncated_is_weight",
 ]

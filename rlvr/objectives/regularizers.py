@@ -97,16 +97,46 @@ def token_logprobs_and_entropy(
   matmul(x [n, D], head [D, V]) -> f32 logits [n, V]; default: in x's dtype with f32
   accumulation (the learner passes `lowp.logits_matmul`, CPU-friendly gradients).
   """
+  b = hidden_btd.shape[0]
+  logp, ent = next_token_logprobs(hidden_btd[:, :-1], head_dv, tokens_bt[:, 1:], chunk, matmul)
+  zero = jnp.zeros((b, 1), jnp.float32)
+  return jnp.concatenate([zero, logp], 1), jnp.concatenate([zero, ent], 1)
+
+
+def positions_logprobs_and_entropy(
+  hidden_btd: jax.Array,
+  head_dv: jax.Array,
+  tokens_bt: jax.Array,
+  positions_bk: jax.Array,
+  chunk: int = 256,
+  matmul=None,
+) -> tuple[jax.Array, jax.Array]:
+  """`token_logprobs_and_entropy` at the target positions `positions_bk` only ([B, K], each
+  >= 1; 0 marks an unused slot), the LM head applied to K positions per row instead of T;
+  [B, T] results, 0 wherever no position asked."""
+  t = hidden_btd.shape[1]
+  pos = positions_bk.astype(jnp.int32)
+  # per row (vmap): gathers and scatters batched over B stay on each device's own rows
+  h = jax.vmap(lambda x, p: x[p])(hidden_btd, jnp.maximum(pos - 1, 0))
+  logp, ent = next_token_logprobs(
+    h, head_dv, jax.vmap(lambda x, p: x[p])(tokens_bt, pos), chunk, matmul
+  )
+  put = jax.vmap(lambda p, x: jnp.zeros((t,), jnp.float32).at[p].add(jnp.where(p > 0, x, 0.0)))
+  return put(pos, logp), put(pos, ent)
+
+
+def next_token_logprobs(
+  h_bnd: jax.Array, head_dv: jax.Array, targets_bn: jax.Array, chunk: int = 256, matmul=None
+) -> tuple[jax.Array, jax.Array]:
+  """(log p(targets[n] | h[n]), entropy at h[n]), [B, N] each: the LM head over blocks of
+  `chunk` positions, each block recomputed in the backward pass."""
   if matmul is None:
     matmul = lambda x, w: jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
-  b, t, d = hidden_btd.shape
-  h = hidden_btd[:, :-1]
-  targets = tokens_bt[:, 1:]
-  n = t - 1
+  b, n, d = h_bnd.shape
   chunk = max(1, min(chunk, n))
   pad = (-n) % chunk
-  h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-  targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  h = jnp.pad(h_bnd, ((0, 0), (0, pad), (0, 0)))
+  targets = jnp.pad(targets_bn, ((0, 0), (0, pad)))
   nc = (n + pad) // chunk
   h = h.reshape(b, nc, chunk, d).swapaxes(0, 1)
   targets = targets.reshape(b, nc, chunk).swapaxes(0, 1)
@@ -122,7 +152,4 @@ def token_logprobs_and_entropy(
     return logp, ent
 
   logp, ent = jax.lax.map(one, (h, targets))
-  logp = logp.swapaxes(0, 1).reshape(b, -1)[:, :n]
-  ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
-  zero = jnp.zeros((b, 1), jnp.float32)
-  return jnp.concatenate([zero, logp], 1), jnp.concatenate([zero, ent], 1)
+  return logp.swapaxes(0, 1).reshape(b, -1)[:, :n], ent.swapaxes(0, 1).reshape(b, -1)[:, :n]

@@ -21,13 +21,18 @@ class RewardConfig:
   domain: "math" (the response's final answer against the reference answer, math-verify),
     "code" (the response's program run against the problem's tests in a sandbox: the
     reference answer is the tests, `rlvr.rewards.code`), or "package.module:attribute", a
-    reward of the user's own: a score function (responses, answers, prompts) -> rewards, or
-    a factory of a Verifier (`rlvr.rewards.custom`); `rlvr.rewards.verifiers`.
+    reward of the user's own: a score function (rlvr's, verl's `compute_score` or TRL's
+    `reward_func` form, told apart by their parameters; several comma-separated ones are
+    summed), or a factory of a Verifier (`rlvr.rewards.custom`); `rlvr.rewards.verifiers`.
   code: the code reward's settings (sandbox, limits, workers), used by domain "code".
   extraction: "boxed" (last `\\boxed{}`) or "answer_line" (last `Answer: ...`).
   integer_answers: answers are integers (AIME, DAPO-17k): compare as integers,
     and only an integer final answer counts as well-formed.
   timeout_s: time one answer may spend in math-verify before it scores 0.
+  weights: one weight per function of a custom domain (TRL's reward_weights); () = 1 each.
+  data_source: what a verl-form compute_score gets as its data_source where the data row
+    has no data_source column.
+  conversational: a TRL-form function gets prompts and completions as lists of messages.
   """
 
   extraction: str = "boxed"
@@ -35,10 +40,18 @@ class RewardConfig:
   timeout_s: float = 5.0
   domain: str = "math"
   code: CodeRewardConfig = CodeRewardConfig()
+  weights: tuple = ()
+  data_source: str = ""
+  conversational: bool = False
 
   def __post_init__(self):
-    if self.domain not in DOMAINS:
-      custom.load(self.domain, DOMAINS)  # imported and checked now: a bad name stops the start
+    object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
+    if self.domain not in DOMAINS:  # imported and checked now: a bad name stops the start
+      custom.score_functions(self.domain, DOMAINS, self.weights)
+    elif self.weights:
+      raise ValueError(
+        f"reward.weights: weigh the functions of a custom reward.domain, not {self.domain!r}"
+      )
     if not isinstance(self.code, CodeRewardConfig):
       raise TypeError(f"RewardConfig.code: expected CodeRewardConfig, got {self.code!r}")
     if self.extraction not in EXTRACTIONS:

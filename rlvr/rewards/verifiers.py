@@ -42,13 +42,15 @@ _LOG = logging.getLogger(__name__)
 
 
 class Scored(tuple):
-  """(rewards, correct), as training unpacks it, with `counts`: verdict -> responses."""
+  """(rewards, correct), as training unpacks it, with `counts`: verdict -> responses, and
+  `values`: name -> per-response values the step logs as their mean."""
 
   counts: dict
+  values: dict
 
-  def __new__(cls, rewards, correct, counts: dict) -> Scored:
+  def __new__(cls, rewards, correct, counts: dict, values: dict | None = None) -> Scored:
     out = super().__new__(cls, (rewards, correct))
-    out.counts = dict(counts)
+    out.counts, out.values = dict(counts), dict(values or {})
     return out
 
 
@@ -162,28 +164,34 @@ class CodeVerifier:
 
 @dataclasses.dataclass
 class FunctionVerifier:
-  """A user's score function (`rlvr.rewards.custom`): its rewards, correct where > 0.
+  """The user's score functions (`rlvr.rewards.custom`): their weighted sum, correct where > 0.
 
-  The function runs in this process, on every batch the loop scores, with the responses,
+  The functions run in this process, on every batch the loop scores, with the responses,
   their reference answers and their problem statements ("" where a caller gives none).
-  Whatever it does wrong scores the responses concerned 0 with a verdict of
-  `custom.VERDICTS` (counted in `verdict_<reason>`; evaluation notes it per response).
-  `well_formed` is the math domain's (a final answer in `cfg.extraction` form): what a
-  format bonus rewards; a Verifier factory decides otherwise."""
+  Whatever one does wrong scores the responses concerned 0 with a verdict of
+  `custom.VERDICTS` (counted in `verdict_<reason>`; evaluation notes it per response); one
+  that fails on a whole call ends the run (`custom.RewardFunctionError`). `well_formed` is
+  the math domain's (a final answer in `cfg.extraction` form): what a format bonus
+  rewards; a Verifier factory decides otherwise."""
 
   cfg: RewardConfig
-  fn: Callable
+  fns: list
+  # problem statement -> the other columns of its data row, from the sets `check_answers`
+  # saw: what TRL's keyword columns and verl's data_source / extra_info come from
+  columns: dict = dataclasses.field(default_factory=dict)
 
   def _call(self, texts, golds, prompts):
     prompts = [""] * len(texts) if prompts is None else prompts
-    return custom.call(self.fn, self.cfg.domain, texts, golds, prompts)
+    rows = [self.columns.get(p, {}) for p in prompts]
+    return custom.call_all(self.fns, texts, golds, prompts, rows)
 
   def score(self, texts, golds, prompts=None):
-    rewards, verdicts = self._call(texts, golds, prompts)
-    return Scored(rewards, rewards > 0, {v: verdicts.count(v) for v in custom.VERDICTS})
+    rewards, verdicts, info = self._call(texts, golds, prompts)
+    counts = {v: verdicts.count(v) for v in custom.VERDICTS}
+    return Scored(rewards, rewards > 0, counts, info)
 
   def judge(self, texts, golds, prompts=None):
-    rewards, verdicts = self._call(texts, golds, prompts)
+    rewards, verdicts, _ = self._call(texts, golds, prompts)
     return rewards, rewards > 0, [{"verdict": v} for v in verdicts]
 
   def well_formed(self, text: str) -> bool:
@@ -193,7 +201,8 @@ class FunctionVerifier:
     return self
 
   def check_answers(self, examples, name) -> None:
-    del examples, name  # what an answer means is the function's business
+    del name  # what an answer means is the function's business; its columns are kept
+    self.columns.update((e.problem, e.columns) for e in examples if e.columns)
 
 
 _PROTOCOL = ("score", "judge", "well_formed", "for_eval", "check_answers")
@@ -203,8 +212,10 @@ _PROTOCOL = ("score", "judge", "well_formed", "for_eval", "check_answers")
 def _custom(cfg: RewardConfig) -> Iterator[Verifier]:
   """The user's reward `cfg.domain` names: its score function in a FunctionVerifier, or the
   Verifier its factory makes (entered when it is a context manager)."""
-  obj, kind = custom.load(cfg.domain, tuple(VERIFIERS))
-  if kind == custom.SCORE:
+  obj = custom.score_functions(
+    cfg.domain, tuple(VERIFIERS), cfg.weights, cfg.data_source, cfg.conversational
+  )
+  if isinstance(obj, list):
     yield FunctionVerifier(cfg, obj)
     return
   try:

@@ -52,6 +52,7 @@ def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
       "prompts_too_long": env.prompts_too_long,
       **{k: v / max(env.shaped, 1) for k, v in env.shaping_sums.items()},
       **{f"verdict_{k}": v for k, v in env.verdicts.items()},
+      **{k: sum(v) / max(len(v), 1) for k, v in env.reward_values.items()},
       "time_sample": env.time_sample,
       "time_score": env.time_score,
     }

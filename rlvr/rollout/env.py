@@ -94,6 +94,7 @@ class StepEnv:
     self.shaping_sums: dict[str, float] = {}
     self.shaped = 0
     self.verdicts: dict[str, int] = {}  # a verifier's `counts` (responses per verdict), summed
+    self.reward_values: dict[str, list] = {}  # a verifier's `values`, logged as their means
     self.reported: tuple[list[Group], list[Group], int] | None = None
 
   def fork(self) -> "StepEnv":
@@ -129,6 +130,8 @@ class StepEnv:
     self.time_score += time.perf_counter() - t
     for k, v in getattr(out, "counts", {}).items():
       self.verdicts[k] = self.verdicts.get(k, 0) + v
+    for k, v in getattr(out, "values", {}).items():
+      self.reward_values.setdefault(k, []).extend(v)
     return out
 
   def fits(self, prompts: Sequence[Prompt]) -> list[Prompt]:

@@ -422,9 +422,12 @@ def export_hf(
   return hf_io.save_hf(path, model_cfg, params, tokenizer=tokenizer, dtype=dtype)
 
 
-def export_adapter(path: str, model_cfg: ModelConfig, state: learner.TrainState) -> str | None:
+def export_adapter(
+  path: str, model_cfg: ModelConfig, state: learner.TrainState, base: str = ""
+) -> str | None:
   """Writes a LoRA state's adapters as a PEFT directory (PEFT's and vLLM's loaders, and
-  `lora.init_from` to continue training, read it); None for a full fine-tuning state."""
+  `lora.init_from` to continue training, read it) whose config names `base` (the base
+  model's path or hub id); None for a full fine-tuning state."""
   if not isinstance(state, learner.LoraTrainState):
     return None
-  return peft_io.save_adapter(path, model_cfg, state.lora, state.params)
+  return peft_io.save_adapter(path, model_cfg, state.lora, state.params, base=base)

@@ -122,9 +122,12 @@ def evaluate_set(
   context: int | None = None,
   samples_path: str | None = None,
   episodes: envs.Episodes | None = None,
+  well_formed: Callable[[str], bool] | None = None,
 ) -> dict:
   """{"pass@k": {k: (mean, std over seeds)}, "avg@n": (mean, std), "per_seed": [...],
-  "skipped_too_long": count}.
+  "skipped_too_long": count}, and with `well_formed` (a verifier's: does a response state
+  a final answer at all) "well_formed": (mean, std) of the responses that do, so format and
+  accuracy can be told apart.
 
   `score_fn(texts, golds, prompts=None)` returns (rewards, correct) or (rewards, correct,
   notes), a verifier's `judge`: the notes go into the samples file with their responses.
@@ -149,7 +152,7 @@ def evaluate_set(
   per_seed = []
   with _written_when_done(samples_path) as samples:
     for seed in cfg.seeds:
-      counts = []
+      counts, formed = [], 0
       chunks = range(0, len(prompts), cfg.batch_prompts)
       if progress:
         from tqdm import tqdm
@@ -173,6 +176,8 @@ def evaluate_set(
           sp,
         )
         counts += [int(g.correct.sum()) for g in groups]
+        if well_formed is not None:
+          formed += sum(bool(well_formed(c.answer_text)) for g in groups for c in g.completions)
         if samples is not None:
           samples.writelines(
             json.dumps(sample_record(seed, index[i], g, notes[j * cfg.n : (j + 1) * cfg.n])) + "\n"
@@ -189,8 +194,11 @@ def evaluate_set(
           "correct_counts": counts.tolist(),
         }
       )
+      if well_formed is not None:
+        per_seed[-1]["well_formed"] = formed / max(len(counts) * cfg.n, 1)
   agg = lambda xs: (float(np.mean(xs)), float(np.std(xs)))
-  return {
+  formed = {"well_formed": agg([s["well_formed"] for s in per_seed])} if well_formed else {}
+  return formed | {
     "n": cfg.n,
     "problems": len(prompts),
     "skipped_too_long": total - len(prompts),

@@ -42,8 +42,12 @@ class SFTConfig:
   batch_size: int = 64
   learner: learner.LearnerConfig = dataclasses.field(default_factory=_sft_learner)
   # learner.lora.rank > 0: LoRA adapters on the frozen model, exported merged (rlvr.model.lora)
+  init_from: str = ""  # a finished SFT to start RL from instead of training one: a run's
+  # work dir, its sft/ dir or the sft/model/ dir itself (`sft.reuse`)
 
   def __post_init__(self):
+    if self.init_from and not os.path.isdir(self.init_from):
+      raise ValueError(f"init_from: {self.init_from!r} is not a directory")
     if self.steps < 0 or self.batch_size < 1:
       raise ValueError(
         f"steps / batch_size: must be >= 0 / >= 1, got {self.steps} / {self.batch_size}"
@@ -65,10 +69,15 @@ class EvalSection:
 class CheckpointConfig:
   every: int = 20  # RL steps between checkpoints (SFT: 10x as many)
   keep: int = 3
+  export_every: int = 0  # also write the policy as an HF dir every N RL steps,
+  # workdir/policy_steps/step_<k> (LoRA: and workdir/policy_adapter_steps/step_<k>); 0 = at
+  # the end only
 
   def __post_init__(self):
     if self.every < 1 or self.keep < 1:
       raise ValueError(f"every / keep: must be >= 1, got {self.every} / {self.keep}")
+    if self.export_every < 0:
+      raise ValueError(f"export_every: must be >= 0 (0 = none), got {self.export_every}")
 
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -165,7 +174,7 @@ def check(cfg) -> Settings:
       "rl.loop.pack: packed rows (several sequences per row) need "
       "rl.learner.attention auto|dense|blockwise; cudnn takes one per row"
     )
-  split = lc.micro_batch_rows or lc.micro_batches
+  split = lc.micro_batch_rows or lc.micro_batches or 1
   if rl.pack and rl.pack_min_rows % split:
     raise ValueError(
       f"rl.loop.pack_min_rows: {rl.pack_min_rows} packed rows do not split by "

@@ -33,15 +33,15 @@ PHASE_MODULES = {
 
 # Phase -> what to lower, in launch.train's config fields.
 ADVICE = {
-  "RL update": "use more, smaller micro-batches (lower rl.learner.micro_batch_rows, or raise "
-  "rl.learner.micro_batches), set rl.learner.remat=True, lower "
+  "RL update": "use more, smaller micro-batches (lower rl.learner.micro_memory_gb, or set "
+  "rl.learner.micro_batch_rows / micro_batches), set rl.learner.remat=True, lower "
   "rl.loop.max_response_len / max_prompt_len, rl.loop.prompts_per_step (or "
   "rl.loop.ppo_mini_batch_size), or use more devices (mesh)",
   "sampling": "lower rl.loop.prompts_per_step, rl.loop.group_size or "
   "rl.loop.max_response_len, or sample from vLLM servers (sampler.kind=vllm)",
   "evaluation": "lower eval.sampling.batch_prompts, eval.sampling.max_tokens or eval.sampling.n",
-  "SFT": "lower sft.batch_size, use more, smaller micro-batches (raise "
-  "sft.learner.micro_batches), or use more devices (mesh)",
+  "SFT": "lower sft.batch_size, use more, smaller micro-batches (lower "
+  "sft.learner.micro_memory_gb, or raise sft.learner.micro_batches), or use more devices (mesh)",
   None: "lower the batch and length settings of the phase that ran (rl.learner."
   "micro_batch_rows, rl.loop.max_response_len, rl.loop.prompts_per_step, "
   "eval.sampling.batch_prompts, sft.batch_size), or use more devices (mesh)",

@@ -10,6 +10,7 @@ nothing here depends on which one it is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from rlvr import envs, learner, methods, rollout
 from rlvr import model as model_lib
 from rlvr.common import settings
 from rlvr.data import tokens
+from rlvr.model import lora as lora_lib
 from rlvr.parallel import distributed
 from rlvr.rewards import shaping
 from rlvr.rewards.verifiers import open_verifier
@@ -34,8 +36,11 @@ from rlvr.sampling.split import HostChannel
 
 
 def warm_start(run: Run) -> str:
-  """SFT on the run's worked solutions (resumable); returns the HF dir RL starts from."""
+  """SFT on the run's worked solutions (resumable), or the finished one `sft.init_from`
+  names; returns the HF dir RL starts from."""
   c = run.cfg
+  if c.sft.init_from:
+    return sft.reuse(c.sft.init_from)
   if c.sft.steps <= 0:
     return run.model_dir
   return sft.train_sft(
@@ -54,8 +59,50 @@ def warm_start(run: Run) -> str:
   )
 
 
-def make_sampler(run: Run, model_cfg, params, version: int = 0):
-  """The configured sampler, serving `params` as `version` (the RL step they follow)."""
+@contextlib.contextmanager
+def local_servers(run: Run, model_cfg, weights):
+  """`sampler.local_servers` vLLM servers on this host for the run, each serving an untied
+  copy of `weights` (a tied LM head does not follow in-place reloads) and stopped when the
+  run ends (tethered: also when it dies); yields their URLs, () when the run has none."""
+  c = run.cfg.sampler
+  if c.kind != "vllm" or not c.local_servers:
+    yield ()
+    return
+  from rlvr.sampling.vllm_sampler import serve_policy_copy
+  from rlvr.sampling.vllm_server import ServerOptions, start_server
+
+  loop, lora_cfg = run.cfg.rl.loop, run.cfg.rl.learner.lora
+  folder = os.path.join(run.workdir, "served", f"process_{jax.process_index()}")
+  base, _ = lora_lib.unmerged(weights)  # LoRA: the servers take the base, adapters by push
+  serve_policy_copy(folder, model_cfg, base, tokenizer=run.tokenizer)
+  longest = max(
+    loop.max_prompt_len + loop.max_response_len,
+    loop.max_prompt_len + run.cfg.eval.sampling.max_tokens,
+    run.cfg.env.max_total_tokens,
+  )
+  options = ServerOptions(
+    served_model_name=c.model,
+    device=c.local_device,
+    max_model_len=min(-(-longest // 256) * 256, model_cfg.max_position_embeddings),
+    weight_transfer=c.transfer_backend if c.weight_sync == "transfer" else None,
+    lora_rank=lora_cfg.rank if c.lora_adapters else 0,
+  )
+  servers = []
+  try:
+    for i in range(c.local_servers):
+      print(f"sampler: starting local vLLM server {i + 1}/{c.local_servers}", flush=True)
+      log = os.path.join(run.workdir, "served", f"vllm-{jax.process_index()}-{i}.log")
+      servers.append(start_server(folder, options, log_path=log))
+      print(f"sampler: vLLM up at {servers[-1].url} ({servers[-1].startup_s:.0f} s)", flush=True)
+    yield tuple(s.url for s in servers)
+  finally:
+    for server in servers:
+      server.stop()
+
+
+def make_sampler(run: Run, model_cfg, params, version: int = 0, urls=()):
+  """The configured sampler, serving `params` as `version` (the RL step they follow);
+  urls: the run's own servers (`local_servers`), else `sampler.urls`."""
   c = run.cfg.sampler
   if c.kind == "jax":
     sampler = JaxSampler(model_cfg, params, run.tokenizer, mesh=run.mesh)
@@ -66,11 +113,11 @@ def make_sampler(run: Run, model_cfg, params, version: int = 0):
   from rlvr.sampling.split import ProcessSplitSampler
   from rlvr.sampling.vllm_sampler import VLLMSampler
 
-  if not c.urls:
+  if not c.urls and not urls:
     raise ValueError("sampler.urls: vllm sampler needs at least one server URL")
   # Multi-host: each process talks to its own servers ("{process}" in a URL is its index;
   # "localhost" is each host's own) and samples its slice of every rollout.
-  urls = [u.format(process=jax.process_index()) for u in c.urls]
+  urls = list(urls) or [u.format(process=jax.process_index()) for u in c.urls]
   client = VLLMSampler(
     urls,
     model_config=model_cfg,
@@ -105,10 +152,16 @@ def make_episodes(run: Run, env_cfg: envs.EnvConfig) -> envs.Episodes:
 
 
 def evaluate(
-  run: Run, sampler, score_fn, tag: str | None = None, episodes: envs.Episodes | None = None
+  run: Run,
+  sampler,
+  score_fn,
+  tag: str | None = None,
+  episodes: envs.Episodes | None = None,
+  well_formed=None,
 ) -> dict:
-  """pass@k of every eval set (episodes: in the run's environment); with a tag, also a
-  report under workdir/eval_<tag>."""
+  """pass@k of every eval set (episodes: in the run's environment; well_formed: the
+  verifier's, for the share of responses that state an answer); with a tag, also a report
+  under workdir/eval_<tag>."""
   ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
   write = tag is not None and distributed.is_writer()
   outdir = os.path.join(run.workdir, f"eval_{tag}") if write else None
@@ -126,22 +179,37 @@ def evaluate(
       context=run.context,
       samples_path=samples,
       episodes=episodes,
+      well_formed=well_formed,
     )
   if write:
     evaluation.write_report(results, outdir, f"eval {tag}")
     for name, r in results.items():  # one line per set, after the progress bars
       k = max(r["pass@k"], key=int)
       skipped = f", {r['skipped_too_long']} too long skipped" if r["skipped_too_long"] else ""
+      formed = f", {100 * r['well_formed'][0]:.1f}% well-formed" if "well_formed" in r else ""
       print(
         f"eval {tag.replace('_', ' ')}: {name} pass@1 {100 * r['pass@k'][1][0]:.1f}% "
-        f"(pass@{k} {100 * r['pass@k'][k][0]:.1f}%), {r['problems']} problems{skipped}",
+        f"(pass@{k} {100 * r['pass@k'][k][0]:.1f}%){formed}, {r['problems']} problems{skipped}",
         flush=True,
       )
-  return {name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()} for name, r in results.items()}
+  return {
+    name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()}
+    | ({"well_formed": r["well_formed"][0]} if "well_formed" in r else {})
+    for name, r in results.items()
+  }
 
 
 def train(
-  run: Run, state, mngr, method, env: rollout.StepEnv, eval_score, update, logp_fn, meta=None
+  run: Run,
+  state,
+  mngr,
+  method,
+  env: rollout.StepEnv,
+  eval_score,
+  update,
+  logp_fn,
+  meta=None,
+  export=None,
 ):
   """RL steps from the restored checkpoint's step (`meta`; None: from 0) to rl.steps;
   checkpoints carry the method's state and are keyed by the RL step, not by the
@@ -149,6 +217,8 @@ def train(
   buffer built ahead for the next step (`buffer_file`), which a resumed run uses as is.
 
   SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`).
+  `export(state, "step_<k>")` writes the policy every checkpoint.export_every steps
+  (checkpoint.export_every).
   """
   from tqdm import tqdm
 
@@ -223,6 +293,9 @@ def train(
         }
         post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
         bar.set_postfix(post)
+        if export is not None and c.checkpoint.export_every:
+          if (step + 1) % c.checkpoint.export_every == 0:
+            export(state, f"step_{step + 1}")
         stopping = stop.agreed()
         if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stopping:
           save(step + 1)
@@ -323,7 +396,8 @@ def _run(cfg, checked, t_start: float) -> dict:
   workdir_lib.check_phases(r)
   reward_cfg, lc = checked.reward, checked.rl_learner
   method = methods.make(cfg, r.prompts(r.data.train, "train"))
-  with open_verifier(reward_cfg, cfg.reward_workers) as verifier:
+  with contextlib.ExitStack() as stack:
+    verifier = stack.enter_context(open_verifier(reward_cfg, cfg.reward_workers))
     verifier.check_answers(r.data.train, "data.train_path")
     for name, exs in r.data.evals.items():
       verifier.check_answers(exs, f"eval set {name}")
@@ -342,10 +416,14 @@ def _run(cfg, checked, t_start: float) -> dict:
     if meta is not None:
       _restore_method(method, meta)
     version = int(meta["step"]) if meta else 0
-    sampler = make_sampler(r, model_cfg, learner.policy_weights(state), version)
+    weights = learner.policy_weights(state)
+    urls = stack.enter_context(local_servers(r, model_cfg, weights))
+    sampler = make_sampler(r, model_cfg, weights, version, urls)
     episodes = make_episodes(r, checked.env)
     if "eval_before" not in r.progress:
-      r.progress["eval_before"] = evaluate(r, sampler, eval_score, "before_rl", episodes)
+      r.progress["eval_before"] = evaluate(
+        r, sampler, eval_score, "before_rl", episodes, verifier.well_formed
+      )
       r.save_progress()
     else:
       print(f"eval before RL: done before, reusing {r.workdir}/progress.json", flush=True)
@@ -361,6 +439,21 @@ def _run(cfg, checked, t_start: float) -> dict:
       well_formed=verifier.well_formed,
       episodes=episodes,
     )
+
+    hub_id = cfg.model.path and not os.path.isdir(cfg.model.path) and start_dir == r.model_dir
+    base = cfg.model.path if hub_id else os.path.abspath(start_dir)  # what PEFT loads it on
+
+    def export(state, step: str = ""):
+      """The policy as an HF dir, policy/ (or policy_steps/<step>/); LoRA: its adapter
+      too, policy_adapter/ (or policy_adapter_steps/<step>/)."""
+      where = lambda name: os.path.join(r.workdir, f"{name}_steps", step) if step else name
+      checkpoint.export_hf(
+        os.path.join(r.workdir, where("policy")), model_cfg, state, tokenizer=r.tokenizer
+      )
+      checkpoint.export_adapter(
+        os.path.join(r.workdir, where("policy_adapter")), model_cfg, state, base=base
+      )
+
     state = train(
       r,
       state,
@@ -371,15 +464,15 @@ def _run(cfg, checked, t_start: float) -> dict:
       learner.make_update_fn(model_cfg, lc, r.mesh),
       learner.make_logprob_fn(model_cfg, lc, r.mesh),
       meta,
+      export=export,
     )
     mngr.close()
     if r.progress.get("eval_after_step") != cfg.rl.steps:
-      r.progress["eval_after"] = evaluate(r, sampler, eval_score, "after_rl", episodes)
+      r.progress["eval_after"] = evaluate(
+        r, sampler, eval_score, "after_rl", episodes, verifier.well_formed
+      )
       r.progress["eval_after_step"] = cfg.rl.steps
       r.save_progress()
     if cfg.export_hf:
-      checkpoint.export_hf(
-        os.path.join(r.workdir, "policy"), model_cfg, state, tokenizer=r.tokenizer
-      )
-      checkpoint.export_adapter(os.path.join(r.workdir, "policy_adapter"), model_cfg, state)
+      export(state)
   return write_summary(r, method, time.time() - t_start)

@@ -191,6 +191,28 @@ def train_sft(
   return out_dir
 
 
+def reuse(init_from: str) -> str:
+  """The finished SFT model `init_from` names (`sft.init_from`): a run's work dir, its sft/
+  dir, or the sft/model/ dir itself, which must verify against its manifest; else a
+  one-line ValueError naming the field."""
+  import os
+
+  from rlvr.run import checkpoint
+
+  tried = [os.path.join(init_from, "sft", "model"), os.path.join(init_from, "model"), init_from]
+  found = next((d for d in tried if os.path.isfile(os.path.join(d, "config.json"))), None)
+  if found is None:
+    raise ValueError(
+      f"sft.init_from: no finished SFT model in {init_from!r} (looked for config.json in "
+      f"{', '.join(tried)})"
+    )
+  problem = checkpoint.verify(found)
+  if problem is not None:
+    raise ValueError(f"sft.init_from: {found} does not verify: {problem.file}: {problem.detail}")
+  print(f"SFT: reusing {found} (sft.init_from)", flush=True)
+  return found
+
+
 def _verified(workdir: str, out_dir: str) -> bool:
   """Whether a finished SFT phase left `out_dir` whole: every file its manifest
   (`checkpoint.write_manifest`) lists is there with its size and checksum. One that does not

@@ -33,12 +33,25 @@ class SamplerConfig:
   # "" = the VLLM_API_KEY environment variable
   lora_adapters: bool = False  # with rl.learner.lora: push each version as a LoRA adapter
   # (servers started with LoRA on: serve_vllm --lora_rank), not as merged full weights
+  local_servers: int = 0  # kind=vllm without urls: the run starts this many vLLM servers on
+  # its own host (the vLLM environment, `bash scripts/setup.sh --vllm`), each ending with it
+  local_device: str = "cpu"  # their vLLM build: "cpu" or "gpu"
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"kind: unknown {self.kind!r}; expected jax|vllm")
-    if self.kind == "vllm" and not self.urls:
-      raise ValueError("urls: the vllm sampler needs at least one server URL")
+    if self.local_servers < 0 or self.local_device not in ("cpu", "gpu"):
+      raise ValueError(
+        f"local_servers / local_device: must be >= 0 / cpu|gpu, got "
+        f"{self.local_servers} / {self.local_device!r}"
+      )
+    if self.kind == "vllm" and not self.urls and not self.local_servers:
+      raise ValueError(
+        "urls: the vllm sampler needs at least one server URL, or local_servers=1 to "
+        "start one for the run"
+      )
+    if self.urls and self.local_servers:
+      raise ValueError("urls / local_servers: give server URLs or local servers, not both")
     if self.sync_dtype not in SYNC_DTYPES:
       raise ValueError(f"sync_dtype: unknown {self.sync_dtype!r}; expected one of {SYNC_DTYPES}")
     if self.weight_sync not in WEIGHT_SYNCS:
