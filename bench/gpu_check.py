@@ -33,6 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_configs import CONFIGS, model_flops_per_token  # noqa: E402
 
+from rlvr.model.tiny import TINY  # noqa: E402
+
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("small", False, "Tiny shapes for CPU (the test): seconds, not minutes.")
 flags.DEFINE_string("json", "", "Also write the JSON here.")
@@ -57,19 +59,7 @@ FULL = dict(
   new_tokens=256,
 )
 SMALL = dict(
-  model=dict(
-    family="qwen2",
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    tie_word_embeddings=True,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-  ),
+  model=dict(TINY, vocab_size=512),
   fwd_rows=1,
   fwd_t=32,
   matmul_sizes=(512, 1024),

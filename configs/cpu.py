@@ -7,7 +7,7 @@ training file; any `--config.x=...` after it still applies:
 
   python -m launch.make_tiny --out=/tmp/tiny --family=qwen2   # or any HF model dir
   python -m launch.train --config=configs/cpu.py:svs_math12k_qwen25_3b \
-      --config.model.path=/tmp/tiny --config.data.train_path=tests/data/dapo_math_17k_first500.parquet
+      --config.model.path=/tmp/tiny --config.data.train_path=tests/fixtures/dapo_math_17k_first500.parquet
 """
 
 import importlib

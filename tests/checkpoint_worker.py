@@ -1,5 +1,5 @@
 """Checkpoints on two processes (JAX's multi-controller runtime, one CPU device each) for
-test_checkpoint_integrity.py, which also imports the tiny model and states from here.
+tests/run/test_checkpoint_integrity.py, which also imports the tiny model and states from here.
 
   python tests/checkpoint_worker.py save DIR --process_id I --port P     # steps 1 and 2
   python tests/checkpoint_worker.py resume DIR --process_id I --port P   # restore_or_init
@@ -14,22 +14,9 @@ import argparse
 import sys
 
 from rlvr.model.config import ModelConfig
+from rlvr.model.tiny import TINY
 
-MODEL = ModelConfig(
-  family="qwen2",
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=1,
-  num_heads=2,
-  num_kv_heads=1,
-  head_dim=16,
-  rope_theta=1e4,
-  rms_norm_eps=1e-6,
-  tie_word_embeddings=True,
-  max_position_embeddings=64,
-  eos_token_id=1,
-)
+MODEL = ModelConfig(**dict(TINY, vocab_size=64, max_position_embeddings=64, eos_token_id=1))
 
 
 def learner_config():

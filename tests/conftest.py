@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import atexit
 import ctypes
 import ctypes.util
@@ -9,9 +10,9 @@ import gc
 import glob
 import json
 import os
-import re
 import resource
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -40,6 +41,8 @@ _MODULE_RSS: list[tuple[float, float, str]] = []  # (RSS after, peak so far, mod
 _TEST_PEAKS: list[tuple[float, float, str]] = []  # (peak rise, peak after, test) in GiB
 _GIB = float(1 << 30)
 _TESTS = os.path.dirname(os.path.abspath(__file__))
+# Test modules import shared pieces from one another by module name (unique across folders).
+sys.path.extend(sorted(glob.glob(os.path.join(_TESTS, "*", ""))))
 
 
 def _rss_gib() -> float:
@@ -98,28 +101,46 @@ def pytest_testnodedown(node, error):
     _WORKERS[node.gateway.id] = json.loads(figures)
 
 
-# Test modules with a test or fixture that takes the session's one vLLM server: they push
-# weights to it in turn.
-_USES_VLLM = re.compile(r"def \w+\([^)]*\bvllm_server\b")
-_VLLM_MODULES = {
-  os.path.relpath(path, os.path.dirname(_TESTS))
-  for path in glob.glob(os.path.join(_TESTS, "test_*.py"))
-  if _USES_VLLM.search(open(path).read())
-}
+def _server_users() -> dict[str, set[str] | None]:
+  """{module: the names of its tests that take the session's one vLLM server, or None when
+  one of its fixtures takes it (then every test of the module goes with the server)}."""
+  users = {}
+  for path in glob.glob(os.path.join(_TESTS, "**", "test_*.py"), recursive=True):
+    tests, whole = set(), False
+    for node in ast.walk(ast.parse(open(path).read())):
+      if isinstance(node, ast.FunctionDef) and "vllm_server" in [a.arg for a in node.args.args]:
+        whole |= not node.name.startswith("test_")
+        tests.add(node.name)
+    if tests:
+      users[os.path.relpath(path, os.path.dirname(_TESTS))] = None if whole else tests
+  return users
+
+
+_SERVER_USERS = _server_users()
+
+
+def _scope(nodeid: str) -> str:
+  """The unit of work a pytest-xdist worker takes whole: "vllm" for a test that takes the
+  session's server (or whose module's fixtures do), else its module."""
+  module, _, rest = nodeid.partition("::")
+  tests = _SERVER_USERS.get(module, ())
+  return "vllm" if tests is None or rest.split("::")[-1].split("[")[0] in tests else module
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
   """pytest-xdist (`-n 2`, the README's test command): each module runs whole on one worker,
-  so its module fixtures are built once, and the modules of the vLLM server all run on one
-  worker in file order, as they would in one process: one server, its weights pushed in
-  the order the tests expect."""
+  so its module fixtures are built once, except its tests that take the vLLM server: those
+  of every module run on one worker in file order, as they would in one process (one
+  server, its weights pushed in the order the tests expect). Units go out in collection
+  order (pytest_collection_modifyitems puts the longest first)."""
   from xdist.scheduler import LoadScopeScheduling
+
+  config.option.loadscopereorder = False
 
   class ByModule(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
-      module = nodeid.split("::")[0]
-      return "vllm" if module in _VLLM_MODULES else module
+      return _scope(nodeid)
 
   return ByModule(config, log)
 
@@ -130,9 +151,11 @@ def pytest_xdist_make_scheduler(config, log):
 _SLOW_FIXTURES = {"vllm_server", "keyed_server", "lora_server", "arithmetic_policy"}
 
 
-def _slow_tests() -> set[str]:
+def _slow_tests() -> dict[str, float]:
+  """{module::test: seconds measured} from tests/slow_tests.txt."""
   with open(os.path.join(_TESTS, "slow_tests.txt")) as f:
-    return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+    rows = [line.split() for line in f if line.strip() and not line.startswith("#")]
+  return {row[0]: float(row[1]) for row in rows}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here
@@ -143,12 +166,31 @@ def pytest_collection_modifyitems(config, items):
     names.add(name)
     if name in listed or _SLOW_FIXTURES & set(item.fixturenames):
       item.add_marker(pytest.mark.slow)
+  _order(items, listed)
   if config.option.keyword or any("::" in a for a in config.args):
     return  # some tests of a module are not collected: no telling a stale name
   modules = {n.split("::")[0] for n in names}
-  stale = sorted(n for n in listed - names if n.split("::")[0] in modules)
+  stale = sorted(n for n in set(listed) - names if n.split("::")[0] in modules)
   if stale:
     raise pytest.UsageError(f"tests/slow_tests.txt names tests that do not exist: {stale}")
+
+
+def _order(items, seconds: dict[str, float]) -> None:
+  """The server's tests first, in the order of their modules' file names whatever the
+  folder (they push weights in that order), then the other modules by the seconds their
+  slow tests took (tests/slow_tests.txt), longest first, so that no long module starts
+  last and keeps one worker busy alone."""
+  cost: dict[str, float] = {}
+  for name, s in seconds.items():
+    module = "tests/" + name.split("::")[0]
+    cost[module] = cost.get(module, 0.0) + s
+
+  def key(item):
+    module = item.nodeid.split("::")[0]
+    first = _scope(item.nodeid) == "vllm"
+    return (not first, 0.0 if first else -cost.get(module, 0.0), os.path.basename(module))
+
+  items.sort(key=key)
 
 
 _MODULE_SECONDS: dict[str, list] = {}  # module -> [seconds, worker]: where the suite's time goes

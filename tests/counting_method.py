@@ -1,4 +1,4 @@
-"""A method defined outside the library, for the seam test in test_loop.py.
+"""A method defined outside the library, for the seam test in tests/rollout/test_rl_step.py.
 
 Plain GRPO plus a counter of its own that must survive a resume: each step
 reports how many buffers this method has built over the whole run and where

@@ -1,4 +1,4 @@
-"""One process of the two-process ProcessSplitSampler test (see test_multihost.py).
+"""One process of the two-process ProcessSplitSampler test (see tests/e2e/test_multihost.py).
 
 python split_sampler_worker.py COORDINATOR PROCESS_ID SERVER_URL MODEL_NAME MODEL_DIR OUT
 """

@@ -1,7 +1,37 @@
-"""Flags of the smallest launch.train run of configs/tiny_rlvr.py that still trains and
-evaluates: no SFT, 8 problems, one group of 2 x 4 responses of 8 tokens, raw prompts.
-Tests that run it share its compiled programs (the session's XLA cache)."""
+"""Starting a `launch.*` run from a test: the one way every test does it.
 
+    out, rows = tiny_run.train(tmp_path / "run", "--config.rl.steps=2")
+
+runs `python -m launch.train --config=configs/tiny_rlvr.py --workdir=... <flags>` from the
+repository root on CPU JAX, with tests/ on PYTHONPATH (echo_env, counting_method and the
+other helpers a run names), and returns its output and its metrics.jsonl rows. `argv` and
+`env` give the same command and environment to a test that starts the process itself
+(Popen, to kill it); `launch` returns the finished process whatever its exit code.
+
+Runs of the same shapes share their compiled programs: the session's subprocesses use one
+XLA compilation cache (conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from paths import REPO, TESTS
+
+TINY_CONFIG = "configs/tiny_rlvr.py"
+TIMING = ("time_", "tokens_per_s")
+_PROCESS_SETTINGS = (
+  "RLVR_COORDINATOR",
+  "RLVR_NUM_PROCESSES",
+  "RLVR_PROCESS_ID",
+  "RLVR_HEARTBEAT_S",
+)  # metrics that are wall-clock figures, different every run
+
+# The smallest run of configs/tiny_rlvr.py that still trains and evaluates: no SFT, 8
+# problems, one group of 2 x 4 responses of 8 tokens, raw prompts.
 RAW_PROMPTS_RUN = [
   "--config.sft.steps=0",
   "--config.data.arithmetic.n_sft=0",
@@ -16,3 +46,50 @@ RAW_PROMPTS_RUN = [
   "--config.eval.sampling.max_tokens=8",
   "--config.data.chat_template=none",
 ]
+
+
+def env(*paths, devices: int | None = None, **extra) -> dict:
+  """The environment of a child run: this one's without a multi-process run's settings
+  (RLVR_COORDINATOR, ...), CPU JAX (`devices` fake CPU devices if given), `paths` and tests/
+  on PYTHONPATH, then `extra`."""
+  base = {k: v for k, v in os.environ.items() if k not in _PROCESS_SETTINGS}
+  python_path = [str(p) for p in paths] + [TESTS, REPO, base.get("PYTHONPATH", "")]
+  base.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(p for p in python_path if p))
+  if devices is not None:
+    base["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  return dict(base, **extra)
+
+
+def argv(workdir, *flags, config: str | None = TINY_CONFIG, module: str = "launch.train"):
+  """`python -m <module> [--config=<config>] --workdir=<workdir> <flags>`."""
+  head = [sys.executable, "-m", module] + ([f"--config={config}"] if config else [])
+  return [*head, f"--workdir={workdir}", *flags]
+
+
+def launch(workdir, *flags, environ: dict | None = None, timeout: float = 900, **kw):
+  """The finished run (a CompletedProcess with text output), whatever its exit code."""
+  return subprocess.run(
+    argv(workdir, *flags, **kw),
+    cwd=REPO,
+    env=environ if environ is not None else env(),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+def train(workdir, *flags, **kw):
+  """The run to a clean exit: (its stdout + stderr, its metrics.jsonl rows)."""
+  out = launch(workdir, *flags, **kw)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout + out.stderr, rows(os.path.join(workdir, "metrics.jsonl"), timing=True)
+
+
+def rows(path, timing: bool = False) -> list[dict]:
+  """A metrics.jsonl file's rows; timing=False drops the wall-clock figures, so two runs of
+  the same work compare equal."""
+  with open(path) as f:
+    out = [json.loads(line) for line in f]
+  if timing:
+    return out
+  return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in out]

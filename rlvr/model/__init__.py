@@ -14,7 +14,7 @@ from rlvr.model.decoder import (
   param_shardings,
 )
 from rlvr.model.hf_io import CheckpointError, load_hf, save_hf
-from rlvr.model.tiny import make_tiny, train_tokenizer
+from rlvr.model.tiny import TINY, make_tiny, train_tokenizer
 
 __all__ = [
   "CheckpointError",
@@ -30,6 +30,7 @@ __all__ = [
   "layer_groups",
   "load_hf",
   "logical_axes",
+  "TINY",
   "make_tiny",
   "param_shapes",
   "param_shardings",

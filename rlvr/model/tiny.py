@@ -141,7 +141,9 @@ def train_tokenizer(
   return AutoTokenizer.from_pretrained(path)
 
 
-_TINY_DEFAULTS = dict(
+# The tiny model's shape: make_tiny's defaults, and the model tests and bench scripts build
+# without a tokenizer (`ModelConfig(**TINY, vocab_size=...)`).
+TINY = dict(
   family="qwen2",
   hidden_size=128,
   intermediate_size=256,
@@ -156,7 +158,7 @@ _TINY_DEFAULTS = dict(
   rope_scaling=None,
 )
 # Added for family="qwen3_moe" unless overridden: 8 experts, 2 per token.
-_TINY_MOE_DEFAULTS = dict(
+TINY_MOE = dict(
   num_experts=8,
   num_experts_per_tok=2,
   moe_intermediate_size=64,
@@ -178,7 +180,7 @@ def make_tiny(
   overrides: any `ModelConfig` field (family, hidden_size, num_layers, ...);
   `rope_scaling` may be a dict. vocab_size defaults to the tokenizer's size
   rounded up to a multiple of 64. head_dim stays >= 32 (vLLM CPU needs it).
-  family="qwen3_moe" adds 8 experts, 2 per token (`_TINY_MOE_DEFAULTS`).
+  family="qwen3_moe" adds 8 experts, 2 per token (`TINY_MOE`).
   Deterministic for a seed.
   """
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -186,9 +188,9 @@ def make_tiny(
   if unknown:
     raise TypeError(f"make_tiny: unknown config fields {sorted(unknown)}; known: {sorted(fields)}")
   tokenizer = train_tokenizer(path, tokenizer_vocab, corpus, seed)
-  kw = {**_TINY_DEFAULTS, **overrides}
+  kw = {**TINY, **overrides}
   if kw["family"] == "qwen3_moe":
-    kw = {**_TINY_MOE_DEFAULTS, **kw}
+    kw = {**TINY_MOE, **kw}
   if isinstance(kw["rope_scaling"], dict):
     kw["rope_scaling"] = RopeScaling(**kw["rope_scaling"])
   kw.setdefault("vocab_size", -(-len(tokenizer) // 64) * 64)
