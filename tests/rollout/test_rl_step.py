@@ -168,6 +168,8 @@ def test_one_step_with_vllm_sampler_syncs_weights(
     sync_dir=str(tmp_path / "sync"),
   )
   try:
+    # The session's server is shared: other tests may have left their weights on it.
+    sampler.update_weights(state.params, version=0)
     state, m = rollout.rl_step(
       state, update, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0, to_batch
     )
