@@ -78,8 +78,11 @@ def run_rlvr(model: str, problems: str, out: str) -> tuple[list[dict], float]:
     f"--config.seed={FLAGS.seed}",
     f"--config.rl.learner.learning_rate={FLAGS.lr}",
     "--config.rl.learner.b2=0.999",
-    "--config.rl.learner.dual_clip=None",
+    "--config.rl.learner.dual_clip=1e9",  # no dual clip, as TRL (the field takes a number)
     "--config.data.kind=files",
+    "--config.data.arithmetic.n_sft=0",  # the config's procedural task, cleared
+    "--config.data.arithmetic.n_train=0",
+    "--config.data.arithmetic.n_heldout=0",
     f"--config.data.train_path={problems}",
     f"--config.data.eval_paths=('{problems}',)",
     "--config.data.eval_limit=8",
