@@ -106,6 +106,8 @@ NOT_RUN = {
   "runs in (needs the package index); tests/e2e/test_fresh_clone.py "
   "runs the plain form in a clean clone",
   ".venv/bin/python -m pytest": "the test suite itself",
+  "python bench/race_trl.py": "the race with TRL: TRL's own environment (scripts/setup.sh "
+  "--trl) is not part of the test set-up; figures in docs/benchmarks.md, run by hand",
 }
 CLUSTER_ONLY = ("srun", "gcloud")  # SLURM GPU nodes, a TPU pod slice
 
