@@ -74,7 +74,6 @@ def run_rlvr(model: str, problems: str, out: str) -> tuple[list[dict], float]:
     f"--config.rl.loop.max_response_len={FLAGS.max_new_tokens}",
     "--config.rl.loop.dynamic_sampling=False",
     "--config.rl.loop.max_extra_rounds=0",
-    f"--config.rl.loop.seed={FLAGS.seed}",
     f"--config.seed={FLAGS.seed}",
     f"--config.rl.learner.learning_rate={FLAGS.lr}",
     "--config.rl.learner.b2=0.999",

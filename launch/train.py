@@ -85,7 +85,13 @@ def _unknown_key(text: str, argv) -> str:
       break
   else:
     path = []
-  line = f"unknown config field {'.'.join([*path, key])}"
+  from rlvr.run import experiment
+
+  full = ".".join([*path, key])
+  source = experiment.derived_paths().get(full)
+  if source is not None:
+    return f"{full}: set {source} instead (one value for the whole run)"
+  line = f"unknown config field {full}"
   if hint:
     return line + f"; did you mean {'.'.join([*path, hint])}?"
   named = _fields_ending(key, argv)

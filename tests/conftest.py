@@ -318,19 +318,21 @@ def vllm_server(served_model_dir):
 
 @pytest.fixture(scope="session")
 def one_device_learner():
-  """(model config, params, learning rate, **LearnerConfig fields) -> (state, update,
-  to_batch) on one CPU device."""
-  from rlvr import learner
+  """(model config, params, learning rate, batching=RLConfig(), pad_id=0, **LearnerConfig
+  fields) -> a `learner.Learner` on one CPU device (its `state`, `update_fn`, `to_batch`)."""
+  from rlvr import learner, rollout
   from rlvr.parallel import sharding
 
-  def make(cfg, params, lr, **learner_fields):
+  def make(cfg, params, lr, *, batching=None, pad_id=0, **learner_fields):
     mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
     lc = learner.LearnerConfig(learning_rate=lr, **learner_fields)
-    to_batch = lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()})
-    return (
+    return learner.Learner(
       learner.init_state(cfg, lc, params, mesh),
       learner.make_update_fn(cfg, lc, mesh),
-      to_batch,
+      lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()}),
+      batching if batching is not None else rollout.RLConfig(),
+      pad_id,
+      learner.make_logprob_fn(cfg, lc, mesh),
     )
 
   return make

@@ -8,14 +8,13 @@ from rlvr import rollout
 def step_env(sampler, score_fn, tok=None, *, rl=None, encode=None, **fields) -> rollout.StepEnv:
   """A StepEnv over `sampler` and `score_fn`: prompts and task texts encoded by `encode`
   (default: the tokenizer's own encode, else a text's characters as ids), padding with the
-  tokenizer's pad id (else 0), `rl` (default RLConfig()); other StepEnv fields as keywords."""
+  `rl` (default RLConfig()); other StepEnv fields as keywords."""
   if encode is None:
     encode = tok.encode if tok is not None else list
   return rollout.StepEnv(
     sampler,
     score_fn,
     rl=rl if rl is not None else rollout.RLConfig(),
-    pad_id=tok.pad_token_id if tok is not None else 0,
     encode=encode,
     encode_task=encode,
     **fields,

@@ -6,7 +6,9 @@ works on them too); base configs build their sections with it and experiment
 configs override single fields. `frozen(cls, section)` turns a section back
 into the validated dataclass at the launch boundary, naming unknown fields.
 A field whose type is itself a dataclass (`LearnerConfig.lora`) becomes a
-nested section, and is frozen back the same way.
+nested section, and is frozen back the same way. A field whose metadata names a
+`DERIVED` source (`RLConfig.seed` is the run's `seed`) is not in the section: the
+launch fills it, and a section that sets it is told where the value lives.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ import typing
 from typing import Any, Mapping
 
 import ml_collections
+
+DERIVED = "derived_from"  # field metadata: the config path the launch takes the value from
+
+
+def derived(default, source: str):
+  """A dataclass field filled at launch from the config path `source`, not set in its own
+  section (one value for the whole run)."""
+  return dataclasses.field(default=default, metadata={DERIVED: source})
 
 
 def _optional_type(hint) -> type | None:
@@ -37,6 +47,8 @@ def section(cls, **overrides) -> ml_collections.ConfigDict:
   if unknown:
     raise ValueError(f"{cls.__name__}: unknown config fields {unknown}; known: {sorted(names)}")
   for f in dataclasses.fields(cls):
+    if DERIVED in f.metadata:
+      continue
     value = overrides.get(f.name, f.default)
     if value is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
       value = f.default_factory()
@@ -74,6 +86,11 @@ def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict, prefix: str = 
     )
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
+    if f.name in d and DERIVED in f.metadata:
+      raise ValueError(
+        f"{prefix or cls.__name__ + '.'}{f.name}: set {f.metadata[DERIVED]} instead (one value "
+        "for the whole run)"
+      )
     if f.name in d and isinstance(d[f.name], list):
       d[f.name] = tuple(d[f.name])
     elif f.name in d and dataclasses.is_dataclass(hints[f.name]) and isinstance(d[f.name], Mapping):

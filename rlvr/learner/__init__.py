@@ -18,10 +18,12 @@ the policy's weights either way; `policy_weights(state)` is what a sampler is ha
 
 This file is the package's public API; the code lives in `config` (LearnerConfig,
 TrainBatch), `state` (states, optimizer, shardings), `logprobs` (log-prob passes,
-masks), `update` (the loss and the update step), `packing` and `ppo`.
+masks), `update` (the loss and the update step), `packing` and `ppo`; `learner` holds
+`Learner`, the state and the buffer-to-update path as one RL step uses them.
 """
 
 from rlvr.learner.config import LearnerConfig, TrainBatch
+from rlvr.learner.learner import Learner
 from rlvr.learner.logprobs import batch_logprobs, loss_mask, make_logprob_fn
 from rlvr.learner.state import (
   LoraTrainState,
@@ -37,6 +39,7 @@ from rlvr.learner.state import (
 from rlvr.learner.update import jit_train_step, make_update_fn, train_step
 
 __all__ = [
+  "Learner",
   "LearnerConfig",
   "LoraTrainState",
   "TrainBatch",

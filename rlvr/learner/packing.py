@@ -3,7 +3,7 @@
 `pack_rows` lays (prompt, completion, logprobs) rows out as every update sees
 them (RL buffers and SFT alike), one sequence per row or, with `first_fit`'s bins,
 several side by side; `build_batch` turns a buffer's groups (`rollout.Group`) into
-such arrays with per-group advantages, in bucketed shapes (`bucket`) so that the
+such arrays with their advantages (`group_advantages`), in bucketed shapes (`bucket`) so that the
 jitted update compiles a handful of times per run.
 """
 
@@ -114,11 +114,24 @@ def bucket(n: int, minimum: int, multiple: int = 1) -> int:
   return -(-b // multiple) * multiple
 
 
+def group_advantages(groups: Sequence, cfg) -> list[np.ndarray]:
+  """One advantage array per group of a whole buffer, by `cfg.advantage_estimator`
+  (`objectives.advantages`), computed before any mini-batch split, so batch-normalised
+  estimators (REINFORCE++) see every group of the rollout."""
+  return objectives.advantages(
+    cfg.advantage_estimator,
+    [g.rewards for g in groups],
+    [np.array([c.policy_tokens for c in g.completions]) for g in groups],
+    cfg.adv_std_ddof,
+  )
+
+
 def build_batch(
   groups: Sequence,
   cfg,
   pad_id: int,
   *,
+  advantages: Sequence[np.ndarray] | None = None,
   rows: int | None = None,
   seq_len: int | None = None,
   min_rows: int | None = None,
@@ -126,8 +139,9 @@ def build_batch(
   """Right-padded [rows, seq_len] arrays of `rollout.Group`s under a `rollout.RLConfig`:
   prompt, then completion (in the loss), then pad.
 
-  Rows beyond the groups are padding (no loss tokens). Advantages are computed
-  within each group (`objectives.group_advantages`); groups may differ in size.
+  Rows beyond the groups are padding (no loss tokens). advantages: one array per group
+  (`group_advantages` of the whole buffer, which the update computes once before it
+  splits the buffer into mini-batches); None computes them for these groups alone.
   Default shape: cfg.rows (or `min_rows`) x cfg.seq_len, grown to the next power
   of two when the groups need more (a larger buffer, a longer prompt), so shapes
   stay few. With `cfg.pack` the sequences are packed side by side into rows of
@@ -141,16 +155,10 @@ def build_batch(
     for c in g.completions
   ]
   lengths = [len(s[0]) + len(s[1]) for s in seqs]
-  adv = np.zeros((len(seqs),), np.float32)
-  r = 0
-  for g in groups:
-    adv_g = np.asarray(
-      objectives.group_advantages(
-        np.asarray(g.rewards)[None], normalize_std=cfg.normalize_std, ddof=cfg.adv_std_ddof
-      )
-    )[0]
-    adv[r : r + len(adv_g)] = adv_g
-    r += len(adv_g)
+  advantages = group_advantages(groups, cfg) if advantages is None else advantages
+  adv = np.concatenate([np.zeros(0, np.float32), *advantages]).astype(np.float32)
+  if len(adv) != len(seqs):
+    raise ValueError(f"build_batch: {len(adv)} advantages for {len(seqs)} sequences")
   truncated = np.array([c.finish_reason == "length" for g in groups for c in g.completions], bool)
   seq_len = bucket(max(lengths, default=0), cfg.seq_len, 16) if seq_len is None else seq_len
   if cfg.pack:

@@ -1,21 +1,19 @@
 """The multi-step PPO update of one rollout buffer (verl's): mini-batches, epochs, old logprobs.
 
-`update_on_buffer` is what `rollout.rl_step` calls with a method's groups: one
-update with the current policy as the old one when the buffer is one mini-batch
-of one epoch, otherwise whole groups in `rl.ppo_mini_batch_size` mini-batches,
-`rl.ppo_epochs` passes, old logprobs fixed once before the first optimizer step.
-The advantages (`rl.advantage`) are computed once over the whole buffer.
+`update_on_batches` is what `Learner.update` ends with: one update with the current policy
+as the old one when the buffer is one mini-batch of one epoch, otherwise whole groups in
+`rl.ppo_mini_batch_size` mini-batches (`mini_batches`), `rl.ppo_epochs` passes, old logprobs
+fixed once before the first optimizer step (`multi_step_update`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from rlvr import objectives
-from rlvr.learner import packing
 from rlvr.learner.logprobs import completion_mask
 from rlvr.learner.state import policy_weights
 
@@ -92,62 +90,28 @@ def multi_step_update(
   return state, steps, drift_kl(policy_weights(state), logp_fn, batches)
 
 
-def buffer_advantages(groups: Sequence, cfg) -> list[np.ndarray]:
-  """One advantage array per group of the whole buffer, by `cfg.advantage_estimator`
-  (`objectives.advantages`), computed before any mini-batch split, so batch-normalised
-  estimators (REINFORCE++) see every group of the rollout."""
-  return objectives.advantages(
-    cfg.advantage_estimator,
-    [g.rewards for g in groups],
-    [np.array([c.policy_tokens for c in g.completions]) for g in groups],
-    cfg.adv_std_ddof,
-  )
+def shuffle_rng(cfg, step: int) -> np.random.Generator:
+  """The seeded order of a step's mini-batches and epochs (the same on every process)."""
+  return np.random.default_rng((cfg.seed, step, 17))
 
 
-def batch_arrays(groups: Sequence, advantages: Sequence, cfg, pad_id: int, **shape) -> dict:
-  """`packing.build_batch`'s arrays of the groups, holding the given per-group advantages
-  (one sequence per row: [rows]; packed rows: on every token of each sequence, placed as
-  build_batch packs them, `packing.first_fit` on the rows' width)."""
-  arrays = packing.build_batch(groups, cfg, pad_id, **shape)
-  adv = np.concatenate([np.zeros(0, np.float32), *advantages]).astype(np.float32)
-  rows = arrays["tokens_bt"].shape[0]
-  if not cfg.pack:
-    return dict(arrays, advantages=np.pad(adv, (0, rows - len(adv))))
-  lengths = [len(g.prompt.ids) + len(c.token_ids) for g in groups for c in g.completions]
-  bins = packing.first_fit(lengths, arrays["tokens_bt"].shape[1])
-  table = np.zeros((rows, 1 + max((len(b) for b in bins), default=0)), np.float32)
-  for r, members in enumerate(bins):
-    table[r, 1 : 1 + len(members)] = adv[members]  # segment s of row r: sequence members[s-1]
-  return dict(arrays, advantages=np.take_along_axis(table, arrays["segment_bt"], axis=1))
+def update_on_batches(
+  state, update_fn, logp_fn, batches: Sequence, cfg, rng: np.random.Generator
+) -> tuple[Any, dict[str, float]]:
+  """The optimizer step(s) on a buffer's batches (one per mini-batch) under the
+  `rollout.RLConfig` cfg; returns (state, metrics).
 
-
-def update_on_buffer(
-  state,
-  update_fn,
-  logp_fn,
-  groups: Sequence,
-  cfg,
-  pad_id: int,
-  to_batch: Callable[[dict], Any],
-  step: int,
-):
-  """The optimizer step(s) on a buffer of `rollout.Group`s under the `rollout.RLConfig` cfg.
-
-  One mini-batch and one epoch: exactly one update with the current policy as the
-  old one (ratio 1); otherwise `multi_step_update`, which needs logp_fn.
+  One batch and one epoch: exactly one update with the current policy as the old one
+  (ratio 1); otherwise `multi_step_update` (epochs in `rng`'s order), which needs logp_fn.
   """
-  rng = np.random.default_rng((cfg.seed, step, 17))
-  chunks = mini_batches(list(zip(groups, buffer_advantages(groups, cfg))), cfg, rng)
-  arrays = lambda chunk, **shape: batch_arrays(*zip(*chunk), cfg, pad_id, **shape)
-  if len(chunks) == 1 and cfg.ppo_epochs == 1:
-    state, m = update_fn(state, to_batch(arrays(chunks[0])))
+  if len(batches) == 1 and cfg.ppo_epochs == 1:
+    state, m = update_fn(state, batches[0])
     return state, dict({k: float(v) for k, v in m.items()}, optimizer_steps=1)
   if logp_fn is None:
     raise ValueError(
       "ppo_mini_batch_size / ppo_epochs: several optimizer steps per rollout need "
       "logp_fn (learner.make_logprob_fn) to fix the old logprobs"
     )
-  batches = [to_batch(arrays(c, min_rows=cfg.mini_batch_rows)) for c in chunks]
   state, steps, kl = multi_step_update(
     state, update_fn, logp_fn, batches, cfg.ppo_epochs, cfg.old_logp, rng
   )

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rlvr.rollout.dynamic_sampling import rollout_metrics
-from rlvr.rollout.env import StepEnv
+from rlvr.rollout.env import RolloutStats, StepEnv
 from rlvr.rollout.types import Group
 
 
@@ -24,9 +24,9 @@ class Buffer:
   """The data of one step's update, with the metrics of building it (`build_buffer`).
 
   version: the sampler's weight version when the build began; started / ended:
-  `time.perf_counter()` stamps of the build; generated_tokens: tokens its generate calls
-  produced (a resumed method may reuse stored work, so this is a timing, not a metric);
-  sampled: the groups its rollout metrics describe (`StepEnv.report_rollouts`).
+  `time.perf_counter()` stamps of the build; stats: what its calls cost and met
+  (`RolloutStats`: its generated tokens, the groups its rollout metrics describe...).
+  A buffer read back from a checkpoint (`buffer_file`) has empty stats.
   """
 
   step: int
@@ -35,32 +35,22 @@ class Buffer:
   version: int
   started: float = 0.0
   ended: float = 0.0
-  generated_tokens: int = 0
-  sampled: list[Group] = dataclasses.field(default_factory=list)
+  stats: RolloutStats = dataclasses.field(default_factory=RolloutStats)
 
 
 def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
-  """method.buffer(env, step) on a fork of env, with its rollout metrics and counters."""
+  """method.buffer(env, step) on a fork of env, with its rollout metrics and stats."""
   env = env.fork()
   t0 = time.perf_counter()
   groups, m = method.buffer(env, step)
+  stats = env.stats
   m = dict(m)
-  if env.reported is not None:
-    m.update(rollout_metrics(*env.reported, env.rl))
-  m.update(
-    {
-      "prompts_too_long": env.prompts_too_long,
-      **{k: v / max(env.shaped, 1) for k, v in env.shaping_sums.items()},
-      **{f"verdict_{k}": v for k, v in env.verdicts.items()},
-      **{k: sum(v) / max(len(v), 1) for k, v in env.reward_values.items()},
-      "time_sample": env.time_sample,
-      "time_score": env.time_score,
-    }
-  )
+  if stats.reported is not None:
+    m.update(rollout_metrics(*stats.reported, env.rl))
+  m.update(stats.metrics())
   t1 = time.perf_counter()
   m["time_buffer"] = t1 - t0
-  sampled = list(env.reported[0]) if env.reported is not None else []
-  return Buffer(step, list(groups), m, version, t0, t1, env.generated_tokens, sampled)
+  return Buffer(step, list(groups), m, version, t0, t1, stats)
 
 
 def staleness_metrics(buf: Buffer) -> dict[str, float]:

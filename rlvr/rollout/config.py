@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlvr import objectives
+from rlvr.common import settings
 from rlvr.sampling.types import SamplingParams
 
 
@@ -38,7 +39,7 @@ class RLConfig:
   # data-parallel devices x learner micro-batch rows)
   max_staleness: int = 0  # 0: each step samples from the weights it updates; 1: the
   # buffer of step t+1 is sampled from the weights before update t, while it runs
-  seed: int = 0
+  seed: int = settings.derived(0, "seed")  # the run's seed, filled at launch
 
   def __post_init__(self):
     for name in (

@@ -1,9 +1,10 @@
 """What a method may use inside one step (`StepEnv`: sampler, scorer, encoders, reward
-shaping, with the counters the step's metrics read), the scored rollout of a batch of
+shaping), what its calls cost and met (`RolloutStats`), the scored rollout of a batch of
 prompts (`rollout`) and the sampling seed of a generation round (`step_seed`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Sequence
 
@@ -52,11 +53,50 @@ def step_seed(seed: int, step: int, round_: int) -> int:
   return (seed * 1_000_003 + step * 1009 + round_ * 7919) % (2**31)
 
 
+@dataclasses.dataclass
+class RolloutStats:
+  """What one buffer's build cost and met, counted as its calls go through a `StepEnv`.
+
+  time_sample / time_score: seconds in the sampler's generate and in the scorer;
+  generated_tokens: tokens the generate calls produced (a timing: a resumed method may reuse
+  stored work); prompts_too_long: prompts dropped for rl.max_prompt_len; shaping_sums /
+  shaped: the shaping terms summed over the shaped responses; verdicts: responses per
+  verifier verdict; reward_values: a verifier's named values, per response; reported: the
+  groups the step's rollout metrics describe (`StepEnv.report_rollouts`).
+  """
+
+  time_sample: float = 0.0
+  time_score: float = 0.0
+  generated_tokens: int = 0
+  prompts_too_long: int = 0
+  shaping_sums: dict[str, float] = dataclasses.field(default_factory=dict)
+  shaped: int = 0
+  verdicts: dict[str, int] = dataclasses.field(default_factory=dict)
+  reward_values: dict[str, list] = dataclasses.field(default_factory=dict)
+  reported: tuple[list[Group], list[Group], int] | None = None
+
+  @property
+  def sampled(self) -> list[Group]:
+    """The groups sampled for the update, as reported (none when nothing was)."""
+    return list(self.reported[0]) if self.reported is not None else []
+
+  def metrics(self) -> dict[str, float]:
+    """The counters as metrics (the rollout metrics of the reported groups aside)."""
+    return {
+      "prompts_too_long": self.prompts_too_long,
+      **{k: v / max(self.shaped, 1) for k, v in self.shaping_sums.items()},
+      **{f"verdict_{k}": v for k, v in self.verdicts.items()},
+      **{k: sum(v) / max(len(v), 1) for k, v in self.reward_values.items()},
+      "time_sample": self.time_sample,
+      "time_score": self.time_score,
+    }
+
+
 class StepEnv:
   """What a method may use inside one step: sampler, scorer, encoders, the RL config.
 
-  `generate` and `score` go through here so the step tail can time them and
-  count generated tokens; `complete` is the text-in / text-out call that
+  `generate` and `score` go through here so that `stats` (`RolloutStats`) times them
+  and counts what they produce; `complete` is the text-in / text-out call that
   synthesis functions take. Rollouts add the `shaping` terms to the
   verifier's reward (`well_formed(text)` decides the format bonus).
   `answer_of` is a task's exact answer of a problem text (procedural tasks
@@ -69,7 +109,6 @@ class StepEnv:
     score_fn: ScoreFn,
     *,
     rl: RLConfig,
-    pad_id: int,
     encode: Callable[[str], list[int]],
     encode_task: Callable[[str], list[int]],
     answer_of: Callable[[str], str | None] | None = None,
@@ -77,7 +116,7 @@ class StepEnv:
     well_formed: Callable[[str], bool] | None = None,
     episodes: envs.Episodes | None = None,
   ):
-    self.sampler, self.rl, self.pad_id = sampler, rl, pad_id
+    self.sampler, self.rl = sampler, rl
     self.episodes = episodes
     self._score_fn = score_fn
     self.encode, self.encode_task, self.answer_of = encode, encode_task, answer_of
@@ -88,18 +127,11 @@ class StepEnv:
     self.reset()
 
   def reset(self) -> None:
-    self.time_sample = self.time_score = 0.0
-    self.generated_tokens = 0
-    self.prompts_too_long = 0
-    self.shaping_sums: dict[str, float] = {}
-    self.shaped = 0
-    self.verdicts: dict[str, int] = {}  # a verifier's `counts` (responses per verdict), summed
-    self.reward_values: dict[str, list] = {}  # a verifier's `values`, logged as their means
-    self.reported: tuple[list[Group], list[Group], int] | None = None
+    self.stats = RolloutStats()
 
   def fork(self) -> "StepEnv":
-    """The same sampler, scorer and encoders with counters of its own: one per buffer,
-    so a buffer built ahead in a worker thread counts only its own calls."""
+    """The same sampler, scorer and encoders with `stats` of its own: one per buffer, so a
+    buffer built ahead in a worker thread counts only its own calls."""
     env = object.__new__(StepEnv)
     env.__dict__.update(self.__dict__)
     env.reset()
@@ -110,13 +142,13 @@ class StepEnv:
     sampled for the update, those kept, and the sampling rounds. `gather_groups`
     reports its own; a method that builds its buffer otherwise reports what it kept
     (the last call counts). A step that reports nothing has no rollout metrics."""
-    self.reported = (list(sampled), list(kept), rounds)
+    self.stats.reported = (list(sampled), list(kept), rounds)
 
   def generate(self, prompt_ids: list[Sequence[int]], sp: SamplingParams):
     t = time.perf_counter()
     outs = self.sampler.generate(prompt_ids, sp)
-    self.time_sample += time.perf_counter() - t
-    self.generated_tokens += sum(len(c.token_ids) for g in outs for c in g)
+    self.stats.time_sample += time.perf_counter() - t
+    self.stats.generated_tokens += sum(len(c.token_ids) for g in outs for c in g)
     return outs
 
   def solve(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[list[Completion]]:
@@ -127,18 +159,18 @@ class StepEnv:
   def score(self, texts: list[str], golds: list[str], prompts: list[str] | None = None):
     t = time.perf_counter()
     out = self._score_fn(texts, golds, prompts=prompts)
-    self.time_score += time.perf_counter() - t
+    self.stats.time_score += time.perf_counter() - t
     for k, v in getattr(out, "counts", {}).items():
-      self.verdicts[k] = self.verdicts.get(k, 0) + v
+      self.stats.verdicts[k] = self.stats.verdicts.get(k, 0) + v
     for k, v in getattr(out, "values", {}).items():
-      self.reward_values.setdefault(k, []).extend(v)
+      self.stats.reward_values.setdefault(k, []).extend(v)
     return out
 
   def fits(self, prompts: Sequence[Prompt]) -> list[Prompt]:
     """The prompts of at most rl.max_prompt_len tokens; the rest are counted and dropped
     (never cut: the learner must see the prompt the sampler saw)."""
     kept = [p for p in prompts if len(p.ids) <= self.rl.max_prompt_len]
-    self.prompts_too_long += len(prompts) - len(kept)
+    self.stats.prompts_too_long += len(prompts) - len(kept)
     return kept
 
   def rollout(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[Group]:
@@ -163,9 +195,10 @@ class StepEnv:
     shaped, terms = shaping.shape(
       rewards, [c.policy_tokens for c in completions], wf, self.shaping, self.rl.max_response_len
     )
+    sums = self.stats.shaping_sums
     for k, v in terms.items():
-      self.shaping_sums[k] = self.shaping_sums.get(k, 0.0) + float(np.sum(v))
-    self.shaped += len(completions)
+      sums[k] = sums.get(k, 0.0) + float(np.sum(v))
+    self.stats.shaped += len(completions)
     return shaped
 
   def complete(self, prompts: Sequence[str], sp: SamplingParams) -> list[list[Completion]]:

@@ -151,13 +151,32 @@ def _installed(module: str) -> bool:
   return importlib.util.find_spec(module) is not None
 
 
+def derived_paths() -> dict[str, str]:
+  """Config paths that are not set in their section -> the path their value comes from
+  (`settings.derived`: rl.loop.seed -> seed)."""
+  return {
+    f"{name}.{f.name}": f.metadata[settings.DERIVED]
+    for name, cls in SECTIONS.items()
+    for f in dataclasses.fields(cls)
+    if settings.DERIVED in f.metadata
+  }
+
+
+def _frozen(cfg, name: str, cls):
+  """Section `name` as its dataclass, with its derived fields filled from their sources."""
+  value = settings.frozen(cls, _section(cfg, name), prefix=f"{name}.")
+  given = {
+    f.name: _section(cfg, f.metadata[settings.DERIVED])
+    for f in dataclasses.fields(cls)
+    if settings.DERIVED in f.metadata
+  }
+  return dataclasses.replace(value, **given) if given else value
+
+
 def check(cfg) -> Settings:
   """All sections of `cfg` frozen and checked, then the rules that span sections."""
   s = Settings(
-    **{
-      name.replace(".", "_"): settings.frozen(cls, _section(cfg, name), prefix=f"{name}.")
-      for name, cls in SECTIONS.items()
-    }
+    **{name.replace(".", "_"): _frozen(cfg, name, cls) for name, cls in SECTIONS.items()}
   )
   if cfg.rl.steps < 0:
     raise ValueError(f"rl.steps: must be >= 0, got {cfg.rl.steps}")

@@ -201,23 +201,21 @@ def evaluate(
 
 def train(
   run: Run,
-  state,
+  policy: learner.Learner,
   mngr,
   method,
   env: rollout.StepEnv,
   eval_score,
-  update,
-  logp_fn,
   meta=None,
   export=None,
-):
-  """RL steps from the restored checkpoint's step (`meta`; None: from 0) to rl.steps;
-  checkpoints carry the method's state and are keyed by the RL step, not by the
+) -> None:
+  """RL steps of `policy` (a `learner.Learner`, whose state they advance) from the restored
+  checkpoint's step (`meta`; None: from 0) to rl.steps; checkpoints carry the method's state and are keyed by the RL step, not by the
   optimizer's update count. With rl.loop.max_staleness=1 a checkpoint also keeps the
   buffer built ahead for the next step (`buffer_file`), which a resumed run uses as is.
 
   SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`).
-  `export(state, "step_<k>")` writes the policy every checkpoint.export_every steps
+  `export(policy.state, "step_<k>")` writes the policy every checkpoint.export_every steps
   (checkpoint.export_every).
   """
   from tqdm import tqdm
@@ -252,14 +250,13 @@ def train(
     show=lambda step, rows: writer.write_table(step, "samples", rows),
     enabled=distributed.is_writer(),
   )
-  to_batch = lambda arrays: learner.TrainBatch(**distributed.replicated_batch(arrays, run.mesh))
 
   def save(step):
     ahead = rollouts.pending
     if ahead is not None and distributed.is_writer():
       buffer_file.save(ahead_dir, ahead)
     extra = {"ahead_step": ahead.step if ahead is not None else None}
-    checkpoint.save(mngr, state, {"method": method.state(), "step": step, **extra})
+    checkpoint.save(mngr, policy.state, {"method": method.state(), "step": step, **extra})
     if distributed.is_writer():
       buffer_file.prune(ahead_dir, mngr.all_steps())
 
@@ -277,9 +274,7 @@ def train(
   with interrupt.GracefulStop("RL") as stop:
     try:
       for step in bar:
-        state, m = rollout.rl_step(
-          state, update, method, env, step, to_batch, logp_fn, rollouts, samples
-        )
+        m = rollout.rl_step(policy, method, env, step, rollouts, samples)
         skipped += m.get("skipped_update", 0)
         solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
         if c.eval.every and (step + 1) % c.eval.every == 0:
@@ -295,7 +290,7 @@ def train(
         bar.set_postfix(post)
         if export is not None and c.checkpoint.export_every:
           if (step + 1) % c.checkpoint.export_every == 0:
-            export(state, f"step_{step + 1}")
+            export(policy.state, f"step_{step + 1}")
         stopping = stop.agreed()
         if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stopping:
           save(step + 1)
@@ -309,7 +304,6 @@ def train(
   writer.close()
   if start < c.rl.steps and skipped == c.rl.steps - start:
     raise rollout.NoSignalError(no_update_message(solved, run.workdir))
-  return state
 
 
 def no_update_message(solved, workdir: str) -> str:
@@ -430,8 +424,7 @@ def _run(cfg, checked, t_start: float) -> dict:
     env = rollout.StepEnv(
       sampler,
       score,
-      rl=settings.frozen(rollout.RLConfig, cfg.rl.loop),
-      pad_id=r.pad_id,
+      rl=checked.rl_loop,
       encode=r.encode,
       encode_task=r.encode_task,
       answer_of=r.data.answer_of,
@@ -454,18 +447,8 @@ def _run(cfg, checked, t_start: float) -> dict:
         os.path.join(r.workdir, where("policy_adapter")), model_cfg, state, base=base
       )
 
-    state = train(
-      r,
-      state,
-      mngr,
-      method,
-      env,
-      eval_score,
-      learner.make_update_fn(model_cfg, lc, r.mesh),
-      learner.make_logprob_fn(model_cfg, lc, r.mesh),
-      meta,
-      export=export,
-    )
+    policy = learner.Learner.build(model_cfg, lc, r.mesh, state, checked.rl_loop, r.pad_id)
+    train(r, policy, mngr, method, env, eval_score, meta, export=export)
     mngr.close()
     if r.progress.get("eval_after_step") != cfg.rl.steps:
       r.progress["eval_after"] = evaluate(
@@ -474,5 +457,5 @@ def _run(cfg, checked, t_start: float) -> dict:
       r.progress["eval_after_step"] = cfg.rl.steps
       r.save_progress()
     if cfg.export_hf:
-      export(state)
+      export(policy.state)
   return write_summary(r, method, time.time() - t_start)

@@ -114,8 +114,8 @@ def test_observations_are_outside_the_loss(policy, episode_groups, one_device_le
   noisy = dict(arrays, sampler_logp_bt=np.where(observation, -7.5, arrays["sampler_logp_bt"]))
   results = []
   for a in (arrays, noisy):
-    state, update, to_batch = one_device_learner(cfg, params, 1e-2, tis_cap=2.0, kl_beta=0.1)
-    state, m = update(state, to_batch(a))
+    lrn = one_device_learner(cfg, params, 1e-2, tis_cap=2.0, kl_beta=0.1)
+    state, m = lrn.update_fn(lrn.state, lrn.to_batch(a))
     results.append((jax.tree.leaves(jax.device_get(state.params)), m))
   (p_a, m_a), (p_b, m_b) = results
   assert float(m_a["tokens"]) == mask.sum()
@@ -209,8 +209,8 @@ def test_every_method_steps_in_an_environment(policy, one_device_learner, name, 
   env = step_env(sampler, even_length, tok, rl=rl, encode=enc, episodes=_episodes(tok))
   texts = [f"Compute {i}+{i + 3}." for i in range(24)]
   prompts = [Prompt(tuple(enc(t)), str(2 * i + 3), t, "composed-d1") for i, t in enumerate(texts)]
-  state, update, to_batch = one_device_learner(cfg, params, 1e-3)
-  _, m = rollout.rl_step(state, update, _method(name, prompts, tmp_path), env, 0, to_batch)
+  lrn = one_device_learner(cfg, params, 1e-3, batching=rl, pad_id=tok.pad_token_id)
+  m = rollout.rl_step(lrn, _method(name, prompts, tmp_path), env, 0)
   assert m["turns_mean"] > 1 and m["obs_tokens_frac"] > 0, m
 
 

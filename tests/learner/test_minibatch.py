@@ -43,12 +43,13 @@ def test_one_mini_batch_is_the_single_step_update_bit_for_bit(rollout, one_devic
   cfg, params, pad, groups = rollout
   results = []
   for rl in (RL, dataclasses.replace(RL, ppo_mini_batch_size=RL.prompts_per_step)):
-    state, update, to_batch = one_device_learner(cfg, params, LR)
-    state, m = ppo.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=0)
+    lrn = one_device_learner(cfg, params, LR, batching=rl, pad_id=pad)
+    lrn.logp_fn = None  # one optimizer step needs none
+    m = lrn.update(groups, step=0)
     assert m["optimizer_steps"] == 1 and m["ratio_max"] == 1.0
-    results.append(_params(state))
-  state, update, to_batch = one_device_learner(cfg, params, LR)  # the update called directly
-  state, _ = update(state, to_batch(packing.build_batch(groups, RL, pad)))
+    results.append(_params(lrn.state))
+  lrn = one_device_learner(cfg, params, LR)  # the update called directly
+  state, _ = lrn.update_fn(lrn.state, lrn.to_batch(packing.build_batch(groups, RL, pad)))
   for a, b, c in zip(*results, _params(state)):
     assert np.array_equal(a, b) and np.array_equal(a, c)
 
@@ -61,10 +62,11 @@ def test_four_mini_batches_are_off_policy_and_equal_single_updates(rollout, one_
   assert [len(c) for c in chunks] == [2, 2, 2, 2]
   assert sorted(id(g) for c in chunks for g in c) == sorted(id(g) for g in groups)
 
-  state, update, to_batch = one_device_learner(cfg, params, LR)
-  batches = [to_batch(packing.build_batch(c, rl, pad, min_rows=rl.mini_batch_rows)) for c in chunks]
+  lrn = one_device_learner(cfg, params, LR)
+  build = lambda c: packing.build_batch(c, rl, pad, min_rows=rl.mini_batch_rows)
+  batches = [lrn.to_batch(build(c)) for c in chunks]
   assert batches[0].tokens_bt.shape[0] == 2 * RL.group_size
-  state, steps, kl = ppo.multi_step_update(state, update, logp_fn, batches)
+  state, steps, kl = ppo.multi_step_update(lrn.state, lrn.update_fn, logp_fn, batches)
   assert len(steps) == 4 and kl > 0
   assert float(steps[0]["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
   later = steps[1:]
@@ -74,26 +76,27 @@ def test_four_mini_batches_are_off_policy_and_equal_single_updates(rollout, one_
   assert any(float(m["clip_frac_low"]) + float(m["clip_frac_high"]) > 0 for m in later)
 
   # By hand: old logprobs of every mini-batch under the first policy, then one update each.
-  hand, update2, _ = one_device_learner(cfg, params, LR)
+  other = one_device_learner(cfg, params, LR)
+  hand = other.state
   old = [logp_fn(hand.params, b) for b in batches]
   for i, (b, o) in enumerate(zip(batches, old)):
-    hand, m = update2(hand, b.replace(old_logp_bt=o))
+    hand, m = other.update_fn(hand, b.replace(old_logp_bt=o))
     for k in ("loss", "clip_frac_low", "clip_frac_high", "ratio_max", "ratio_min", "grad_norm"):
       assert float(m[k]) == float(steps[i][k]), (i, k)
   for a, b in zip(_params(state), _params(hand)):
     assert np.array_equal(a, b)
 
 
-def test_update_on_buffer_reports_the_steps(rollout, one_device_learner):
+def test_the_learner_reports_the_steps_of_a_buffer(rollout, one_device_learner):
   cfg, params, pad, groups = rollout
   rl = dataclasses.replace(RL, ppo_mini_batch_size=4, ppo_epochs=2)
-  logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(learning_rate=LR))
-  state, update, to_batch = one_device_learner(cfg, params, LR)
-  state, m = ppo.update_on_buffer(state, update, logp_fn, groups, rl, pad, to_batch, step=3)
-  assert m["optimizer_steps"] == 4 and int(state.step) == 4
+  lrn = one_device_learner(cfg, params, LR, batching=rl, pad_id=pad)
+  m = lrn.update(groups, step=3)
+  assert m["optimizer_steps"] == 4 and int(lrn.state.step) == 4
   assert m["kl_first_last"] > 0 and m["ratio_min"] <= 1.0 <= m["ratio_max"]
+  lrn.logp_fn = None
   with pytest.raises(ValueError, match="logp_fn"):
-    ppo.update_on_buffer(state, update, None, groups, rl, pad, to_batch, step=3)
+    lrn.update(groups, step=3)
 
 
 def test_first_fit_and_packed_layout():
@@ -146,10 +149,10 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
   logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(**lc))
   results = []
   for arrays in (plain, packed):
-    state, update, to_batch = one_device_learner(cfg, params, 1e-3, **lc)
-    batch = to_batch(arrays)
-    logp = np.asarray(logp_fn(state.params, batch))[arrays["loss_mask_bt"] > 0]
-    state, m = update(state, batch)
+    lrn = one_device_learner(cfg, params, 1e-3, **lc)
+    batch = lrn.to_batch(arrays)
+    logp = np.asarray(logp_fn(lrn.state.params, batch))[arrays["loss_mask_bt"] > 0]
+    state, m = lrn.update_fn(lrn.state, batch)
     results.append((np.sort(logp), {k: float(v) for k, v in m.items()}, _params(state)))
   (lp_a, m_a, p_a), (lp_b, m_b, p_b) = results
   np.testing.assert_allclose(lp_a, lp_b, atol=2e-5)  # sorted: one value per loss token
@@ -176,25 +179,39 @@ def test_old_logprobs_are_computed_per_micro_batch(rollout):
 
 
 def test_advantages_are_taken_over_the_whole_buffer(rollout):
-  """`ppo.batch_arrays` places the buffer's advantages where `build_batch` puts its own
-  (GRPO's: the same arrays, one sequence per row or packed); a batch-normalised
-  estimator split into mini-batches keeps the whole buffer's statistics."""
+  """`build_batch` places the advantages it is given on every token of their sequence (one
+  sequence per row or packed); left out, it computes GRPO's for its groups; a
+  batch-normalised estimator split into mini-batches keeps the whole buffer's statistics."""
   _, _, pad, groups = rollout
   packed_rl = dataclasses.replace(RL, pack=True, pack_len=48, pack_min_rows=2)
+  marks = [np.arange(len(g.completions), dtype=np.float32) + 10 * k for k, g in enumerate(groups)]
   for rl in (RL, packed_rl):
-    want = packing.build_batch(groups, rl, pad)
-    got = ppo.batch_arrays(groups, ppo.buffer_advantages(groups, rl), rl, pad)
-    assert want.keys() == got.keys()
-    for k in want:
-      assert np.array_equal(want[k], got[k]), k
+    arrays = packing.build_batch(groups, rl, pad, advantages=marks)
+    adv, seg, mask = arrays["advantages"], arrays["segment_bt"], arrays["loss_mask_bt"] > 0
+    if rl.pack:  # per token: one value on each sequence, each given value on one sequence
+      seen = [
+        set(adv[r][mask[r] & (seg[r] == s)].tolist())
+        for r in range(mask.shape[0])
+        for s in set(seg[r][mask[r]].tolist())
+      ]
+      assert all(len(v) == 1 for v in seen)
+      assert sorted(x for v in seen for x in v) == sorted(np.concatenate(marks))
+    else:  # per row
+      n = sum(len(m) for m in marks)
+      assert np.array_equal(adv[:n], np.concatenate(marks)) and not adv[n:].any()
+    grpo = packing.build_batch(groups, rl, pad)
+    given = packing.build_batch(groups, rl, pad, advantages=packing.group_advantages(groups, rl))
+    assert np.array_equal(grpo["advantages"], given["advantages"])
+  with pytest.raises(ValueError, match="advantages for"):
+    packing.build_batch(groups, RL, pad, advantages=marks[:-1])
   rl = dataclasses.replace(RL, ppo_mini_batch_size=2, advantage="reinforce++")
-  whole = ppo.buffer_advantages(groups, rl)
+  whole = packing.group_advantages(groups, rl)
   lengths = [len(c.token_ids) for g in groups for c in g.completions]
   flat = np.concatenate(whole)
   assert np.average(flat, weights=lengths) == pytest.approx(0.0, abs=1e-5)  # whitened
   for chunk in ppo.mini_batches(list(zip(groups, whole)), rl, np.random.default_rng(0)):
     mini, adv = zip(*chunk)
-    arrays = ppo.batch_arrays(mini, adv, rl, pad, min_rows=rl.mini_batch_rows)
+    arrays = packing.build_batch(mini, rl, pad, advantages=adv, min_rows=rl.mini_batch_rows)
     n = sum(len(a) for a in adv)
     assert np.array_equal(arrays["advantages"][:n], np.concatenate(adv))
-    assert not np.allclose(np.concatenate(ppo.buffer_advantages(mini, rl)), np.concatenate(adv))
+    assert not np.allclose(np.concatenate(packing.group_advantages(mini, rl)), np.concatenate(adv))

@@ -100,11 +100,11 @@ def test_reset_optimizer_equals_a_fresh_optimizer(one_device_learner, tiny_dirs)
   from rlvr.learner import packing
 
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
-  state, update, to_batch = one_device_learner(cfg, params, 1e-3)
+  lrn = one_device_learner(cfg, params, 1e-3)
   arrays = packing.pack_rows([((1, 2, 3), (4, 5, 6), None)], 2, 16, 0)
-  batch = to_batch(dict(arrays, advantages=np.array([1.0, 0.0], np.float32)))
-  fresh = [np.asarray(a) for a in jax.tree.leaves(state.opt_state)]
-  stepped, _ = update(state, batch)  # donates `state`
+  batch = lrn.to_batch(dict(arrays, advantages=np.array([1.0, 0.0], np.float32)))
+  fresh = [np.asarray(a) for a in jax.tree.leaves(lrn.state.opt_state)]
+  stepped, _ = lrn.update_fn(lrn.state, batch)  # donates the state
   reset = learner.reset_optimizer(stepped)
   for a, b in zip(jax.tree.leaves(reset.opt_state), fresh, strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -32,12 +32,13 @@ SVS = svs.SvSConfig(syntheses_per_solution=4)
 
 def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cfg, lr, **kw):
   """One rl_step of the SvS method over `prompts` (drawn in a seeded shuffle)."""
-  state, update, to_batch = make_learner(cfg, params, lr, **kw.pop("learner", {}))
+  lrn = make_learner(cfg, params, lr, batching=rl, pad_id=tok.pad_token_id, **kw.pop("learner", {}))
   enc = lambda text: format_prompt(tok, text, "")
   env = step_env(sampler, score_fn, tok, rl=rl, encode=enc, **kw.pop("env", {}))
   samples = kw.pop("samples", None)
   method = svs_method.SvS(prompts, 0, svs_cfg, **kw)
-  return rollout.rl_step(state, update, method, env, 0, to_batch, samples=samples)
+  m = rollout.rl_step(lrn, method, env, 0, samples=samples)
+  return lrn.state, m
 
 
 def _run(make_learner, sampler, cfg, params, tok, **kw):

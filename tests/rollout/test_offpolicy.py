@@ -31,19 +31,19 @@ AHEAD = dataclasses.replace(RL, max_staleness=1, dynamic_sampling=False)
 _TIMING = (*tiny_run.TIMING, "overlap_frac")
 
 
-def _run(sampler, state, update, to_batch, tok, rl, overlap, steps=3):
+def _run(sampler, lrn, tok, rl, overlap, steps=3):
   env = _env(sampler, tok, even_length)
-  env.rl = rl
+  env.rl = lrn.batching = rl
+  lrn.pad_id = tok.pad_token_id
   method = plain.Plain(PROMPTS, seed=0)
   rollouts = rollout.Rollouts(method, env, overlap=overlap, last_step=steps)
   rows = []
   try:
     for step in range(steps):
-      state, m = rollout.rl_step(state, update, method, env, step, to_batch, rollouts=rollouts)
-      rows.append(m)
+      rows.append(rollout.rl_step(lrn, method, env, step, rollouts=rollouts))
   finally:
     rollouts.close()
-  return state, rows
+  return lrn.state, rows
 
 
 def _equal_runs(a, b):
@@ -66,8 +66,8 @@ def test_buffers_built_ahead_come_from_the_weights_one_update_behind(tiny, one_d
   cfg, params, tok = tiny
 
   def run(rl):
-    state, update, to_batch = one_device_learner(cfg, params, 1e-2)
-    return _run(JaxSampler(cfg, params, tok), state, update, to_batch, tok, rl, overlap=False)
+    lrn = one_device_learner(cfg, params, 1e-2)
+    return _run(JaxSampler(cfg, params, tok), lrn, tok, rl, overlap=False)
 
   ahead, now = run(AHEAD), run(dataclasses.replace(AHEAD, max_staleness=0))
   # Step 0 samples version 0; every later buffer was sampled one update behind its update
@@ -92,7 +92,7 @@ def test_a_worker_thread_changes_when_a_buffer_is_built_not_what_it_holds(
   tok = AutoTokenizer.from_pretrained(served_model_dir)
   runs = []
   for overlap in (False, True):
-    state, update, to_batch = one_device_learner(cfg, params, 1e-2)
+    lrn = one_device_learner(cfg, params, 1e-2)
     sampler = VLLMSampler(
       vllm_server.url,
       model_config=cfg,
@@ -102,8 +102,8 @@ def test_a_worker_thread_changes_when_a_buffer_is_built_not_what_it_holds(
       weight_sync="transfer",
     )
     try:
-      sampler.update_weights(state.params, version=0)
-      runs.append(_run(sampler, state, update, to_batch, tok, AHEAD, overlap=overlap))
+      sampler.update_weights(lrn.state.params, version=0)
+      runs.append(_run(sampler, lrn, tok, AHEAD, overlap=overlap))
     finally:
       sampler.close()
   _equal_runs(*runs)

@@ -121,13 +121,11 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
 
 def test_one_step_with_jax_sampler_updates_and_syncs(tiny, one_device_learner):
   cfg, params, tok = tiny
-  state, update, to_batch = one_device_learner(cfg, params, 1e-3)
+  lrn = one_device_learner(cfg, params, 1e-3, batching=RL, pad_id=tok.pad_token_id)
   sampler = JaxSampler(cfg, params, tok)
-  state, m = rollout.rl_step(
-    state, update, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0, to_batch
-  )
-  assert int(state.step) == 1 and sampler.version == 1
-  assert sampler._params is state.params
+  m = rollout.rl_step(lrn, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0)
+  assert int(lrn.state.step) == 1 and sampler.version == 1
+  assert sampler._params is lrn.state.params
   for key in (
     "reward_mean",
     "accuracy",
@@ -160,7 +158,7 @@ def test_one_step_with_vllm_sampler_syncs_weights(
 
   cfg, params = model.load_hf(served_model_dir)
   tok = AutoTokenizer.from_pretrained(served_model_dir)
-  state, update, to_batch = one_device_learner(cfg, params, 1e-2)
+  lrn = one_device_learner(cfg, params, 1e-2, batching=RL, pad_id=tok.pad_token_id)
   sampler = VLLMSampler(
     vllm_server.url,
     model_config=cfg,
@@ -169,10 +167,8 @@ def test_one_step_with_vllm_sampler_syncs_weights(
   )
   try:
     # The session's server is shared: other tests may have left their weights on it.
-    sampler.update_weights(state.params, version=0)
-    state, m = rollout.rl_step(
-      state, update, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0, to_batch
-    )
+    sampler.update_weights(lrn.state.params, version=0)
+    m = rollout.rl_step(lrn, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0)
     assert sampler.version == 1 and m["groups_kept"] == 4
     assert m["mismatch_abs"] < 1e-3  # vLLM's logprobs vs the learner's, before the update
     info = sampler._session().get(vllm_server.url + "/weight_info").json()
@@ -185,7 +181,7 @@ def test_one_step_with_vllm_sampler_syncs_weights(
     out = sampler.generate([[5, 6, 7]], SamplingParams(n=1, max_tokens=8, seed=3, ignore_eos=True))[
       0
     ][0]
-    new = jax.device_get(state.params)
+    new = jax.device_get(lrn.state.params)
     np.testing.assert_allclose(
       out.logprobs, _our_logprobs(new, cfg, [5, 6, 7], out.token_ids), atol=1e-3
     )
