@@ -188,6 +188,7 @@ def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
   [
     ("rl.stepz=5", "unknown config field rl.stepz; did you mean rl.steps?"),
     ("rl.loop.stepz=5", "unknown config field rl.loop.stepz"),
+    ("rl.loop.seed=1", "rl.loop.seed: set seed instead (one value for the whole run)"),
     ("tracking.tensorboard=False", "unknown config field tracking"),
     (
       "learning_rate=1e-5",  # fields whose last part matches
@@ -215,6 +216,22 @@ def test_a_bad_flag_is_one_line_naming_the_field_and_the_value(override, line):
   with pytest.raises(Exception) as e:  # noqa: B017 - absl and ml_collections raise many kinds
     fv(argv)
   assert train.flag_error(e.value, argv) == line
+
+
+def test_the_run_has_one_seed():
+  """rl.loop.seed is the run's seed, filled at launch; a config that sets it is told where
+  the value lives."""
+  from configs import tiny_rlvr
+  from rlvr.run import experiment
+
+  c = tiny_rlvr.get_config()
+  assert "seed" not in c.rl.loop
+  c.seed = 7
+  assert experiment.check(c).rl_loop.seed == 7
+  c.rl.loop.seed = 7
+  with pytest.raises(ValueError) as e:
+    experiment.check(c)
+  assert str(e.value) == "rl.loop.seed: set seed instead (one value for the whole run)"
 
 
 def test_a_missing_config_file_is_one_line_naming_it():
