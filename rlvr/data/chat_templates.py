@@ -15,15 +15,10 @@ from __future__ import annotations
 import functools
 import os
 
+from rlvr.common.chatml import CHATML
+
 FIELD = "data.chat_template"
 TOKENIZER, NONE = "tokenizer", "none"
-# ChatML (Qwen's turn markers) without a default system turn: the tiny models' template.
-CHATML = (
-  "{%- for message in messages %}"
-  "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-  "{%- endfor %}"
-  "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 BUILTIN = {"chatml": CHATML}
 
 

@@ -16,7 +16,7 @@ import random
 import jax
 import jax.numpy as jnp
 
-from rlvr.data import chat_templates
+from rlvr.common.chatml import CHATML
 from rlvr.model import decoder
 from rlvr.model.config import ModelConfig, RopeScaling
 from rlvr.model.hf_io import save_hf
@@ -133,7 +133,7 @@ def train_tokenizer(
           for t, i in ids.items()
         },
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-        "chat_template": chat_templates.CHATML,
+        "chat_template": CHATML,
       },
       f,
       indent=2,

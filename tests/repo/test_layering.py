@@ -107,7 +107,7 @@ FOLDERS = {
   "rlvr.parallel": ("rlvr.common",),
   "rlvr.objectives": ("rlvr.common",),
   "rlvr.rewards": ("rlvr.common",),
-  "rlvr.model": ("rlvr.common", "rlvr.data", "rlvr.parallel"),
+  "rlvr.model": ("rlvr.common", "rlvr.parallel"),
   "rlvr.sampling": ("rlvr.common", "rlvr.model", "rlvr.parallel"),
   "rlvr.learner": ("rlvr.common", "rlvr.model", "rlvr.objectives", "rlvr.parallel"),
   "rlvr.envs": ("rlvr.common", "rlvr.data", "rlvr.rewards", "rlvr.sampling"),
@@ -163,9 +163,9 @@ def test_a_folder_imports_only_the_folders_below_it(folder):
   [
     (
       "rlvr.model",
-      ("rlvr.model", "rlvr.parallel.sharding", "rlvr.common.fileio", "rlvr.data.chat_templates"),
+      ("rlvr.model", "rlvr.parallel.sharding", "rlvr.common.fileio", "rlvr.common.chatml"),
     ),
-    ("rlvr.data.chat_templates", ()),
+    ("rlvr.data.chat_templates", ("rlvr.common.chatml",)),
     ("rlvr.common.fileio", ()),
     ("rlvr.parallel.sharding", ()),
     ("rlvr.sampling.http", ()),
