@@ -120,9 +120,10 @@ def prepare_model(cfg) -> str:
 
 
 def setup(cfg) -> Run:
+  """The run's work dir, model, data, mesh and tokenizer (after `distributed.initialize`, which
+  `runner.run` calls once, first)."""
   from transformers import AutoTokenizer
 
-  distributed.initialize(cfg.get("coordinator") or None)
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   distributed.check_shared_workdir(workdir)
