@@ -7,8 +7,8 @@ outs = runner.generate(sampler.generate, prompt_ids, params)  # one Completion p
 
 from rlvr.envs.base import Environment, Episode, SingleTurn
 from rlvr.envs.config import TOOL_LIMITS, EnvConfig
+from rlvr.envs.episode_metrics import episode_metrics, episode_record
 from rlvr.envs.episodes import Episodes, cut_at_stop, episodes_for, solve
-from rlvr.envs.metrics import episode_metrics, episode_record
 from rlvr.envs.registry import ENVIRONMENTS, make
 
 __all__ = [

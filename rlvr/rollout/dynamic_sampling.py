@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rlvr.envs.metrics import episode_metrics
+from rlvr.envs.episode_metrics import episode_metrics
 from rlvr.rollout import stats
 from rlvr.rollout.config import RLConfig
 from rlvr.rollout.env import StepEnv, step_seed

@@ -24,7 +24,7 @@ _MANY = 20  # more points than this: faint dots under a running mean
 
 
 @dataclasses.dataclass
-class Run:
+class LoggedRun:
   path: str
   name: str
   rows: list[dict[str, Any]]
@@ -39,7 +39,7 @@ class Run:
 
 @dataclasses.dataclass
 class Comparison:
-  runs: list[Run]
+  runs: list[LoggedRun]
   table: str  # Markdown: one row per run, its final figures
   notes: list[str]  # keys left out of a run's curves, or of the figure
   out: str | None  # the PNG written
@@ -53,7 +53,7 @@ def _json(path: str) -> dict:
     raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
 
 
-def load_run(path: str, name: str | None = None) -> Run:
+def load_run(path: str, name: str | None = None) -> LoggedRun:
   """A run's metrics rows and its evaluations before / after RL; one-line errors naming
   the dir when it is not there or holds no metrics.jsonl."""
   if not os.path.isdir(path):
@@ -79,7 +79,7 @@ def load_run(path: str, name: str | None = None) -> Run:
   elif os.path.exists(progress_path):
     progress = _json(progress_path)
     before, after = progress.get("eval_before") or {}, progress.get("eval_after") or {}
-  return Run(path, name or os.path.basename(os.path.normpath(path)), rows, before, after)
+  return LoggedRun(path, name or os.path.basename(os.path.normpath(path)), rows, before, after)
 
 
 def _names(paths: Sequence[str]) -> list[str]:
@@ -92,13 +92,13 @@ def _names(paths: Sequence[str]) -> list[str]:
   return [f"{name} ({i + 1})" for i, name in enumerate(names)]
 
 
-def _has(run: Run, key: str) -> bool:
+def _has(run: LoggedRun, key: str) -> bool:
   if key == HELDOUT:
     return any(s.pts for s in plots._heldout(run.rows, run.before, run.after))
   return bool(plots._points(run.rows, key))
 
 
-def _notes(runs: list[Run], keys: Sequence[str]) -> tuple[list[str], list[str]]:
+def _notes(runs: list[LoggedRun], keys: Sequence[str]) -> tuple[list[str], list[str]]:
   """(keys some run has, notes on the keys a run lacks)."""
   kept, notes = [], []
   known = sorted({k for r in runs for row in r.rows for k in row} - {"step"})
@@ -132,7 +132,7 @@ def _draw_series(ax, pts, color, label: str, style: str = "-", marker: str = "o"
 _SET_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
 
 
-def figure(runs: list[Run], keys: Sequence[str]):
+def figure(runs: list[LoggedRun], keys: Sequence[str]):
   """The matplotlib Figure: one panel per key, every run on it in its own colour; the
   panels share the RL-step axis. Panel size is fixed: 5 x 3.4 inches."""
   from matplotlib import rcParams
@@ -194,7 +194,7 @@ def _last(rows, key: str):
   return pts[-1][1] if pts else None
 
 
-def table(runs: list[Run], keys: Sequence[str]) -> str:
+def table(runs: list[LoggedRun], keys: Sequence[str]) -> str:
   """Markdown: per run its RL steps, each key's value at its last logged step, and each eval
   set's pass@1 before and after RL (after: the last `eval.every` value, `(step N)`, while
   RL has not finished)."""

@@ -385,7 +385,7 @@ def test_memory_outside_the_address_space_is_bounded(program):
   counts in RLIMIT_AS): the run never holds more than its bound, and the program is killed
   (by the kernel at the bound, or at the wall limit while the kernel reclaims)."""
   tests = code.parse_tests({"inputs": [""], "outputs": ["pinned"]})
-  with sandbox_lib.Run(tests.job(program, LIMITS), LIMITS, "bwrap") as run:
+  with sandbox_lib.SandboxedJudge(tests.job(program, LIMITS), LIMITS, "bwrap") as run:
     msgs = list(run.messages(time.monotonic() + 30))
     peak = run.memory_peak()
   assert not any(m.get("status") == "ok" for m in msgs), msgs

@@ -59,7 +59,7 @@ def run_tests(
   sandbox_lib.check_sandbox(sandbox)
   passed, seen, failure = 0, 0, None
   deadline = time.monotonic() + _STARTUP_S + spec.total * (limits.wall_s + _CASE_SLACK_S)
-  with sandbox_lib.Run(spec.job(program, limits), limits, sandbox) as run:
+  with sandbox_lib.SandboxedJudge(spec.job(program, limits), limits, sandbox) as run:
     for msg in run.messages(deadline):
       if msg.get("case") != seen:
         run.end = "bad"
@@ -90,7 +90,7 @@ def _judge_case(spec: TestSpec, index: int, msg: dict, float_tol: float) -> tupl
     return False, "judge_error", f"{type(e).__name__}: {str(e)[:200]}"
 
 
-def _unfinished(run: sandbox_lib.Run) -> tuple[str, str]:
+def _unfinished(run: sandbox_lib.SandboxedJudge) -> tuple[str, str]:
   """(reason, detail) of a run whose report stopped early."""
   if not run.ready:
     why = run.stderr.decode("utf-8", "replace").strip()[-300:]

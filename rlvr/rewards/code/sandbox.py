@@ -1,4 +1,4 @@
-"""Starts the judge (`driver`) in a sandbox and reads its report: `Run`, `check_sandbox`.
+"""Starts the judge (`driver`) in a sandbox and reads its report: `SandboxedJudge`, `check_sandbox`.
 
 bubblewrap gives the judge new namespaces (no network but its own loopback, its own PID space
 with the judge as PID 1, its own IPC namespace for System V shared memory), no capabilities,
@@ -153,7 +153,7 @@ def _memfd(data: bytes) -> int:
   return fd
 
 
-class Run:
+class SandboxedJudge:
   """The judge of one job in its sandbox. Use as a context manager; `messages()` reads it.
 
   After `messages()` ends, `end` says how: "done", "deadline" (the overall time ran out),
@@ -201,7 +201,7 @@ class Run:
     finally:
       os.close(stdin)
 
-  def __enter__(self) -> Run:
+  def __enter__(self) -> SandboxedJudge:
     return self
 
   def __exit__(self, *exc) -> None:
@@ -345,7 +345,7 @@ def _probe(bwrap: str) -> None:
   """Runs `print("ok")` in the real sandbox; raises with bwrap's own words when it fails."""
   limits = CodeLimits(cpu_s=10, wall_s=_PROBE_S, output_bytes=1024)
   job = TestSpec("stdio", ("",), ("ok",)).job("print('ok')", limits)
-  with Run(job, limits, "bwrap", bwrap) as run:
+  with SandboxedJudge(job, limits, "bwrap", bwrap) as run:
     msgs = list(run.messages(time.monotonic() + _PROBE_S))
   if run.end != "done" or not msgs or msgs[0].get("stdout") != "ok\n":
     why = run.stderr.decode("utf-8", "replace").strip() or f"no result ({run.end})"

@@ -49,7 +49,7 @@ def run_python(code: str, limits: CodeLimits, sandbox: str = "bwrap") -> ToolRes
   job = parse_tests({"inputs": [""], "outputs": [""]}).job(code, limits)
   msg = None
   try:
-    with sandbox_lib.Run(job, limits, sandbox) as run:
+    with sandbox_lib.SandboxedJudge(job, limits, sandbox) as run:
       for m in run.messages(t0 + _STARTUP_S + limits.wall_s + _SLACK_S):
         msg = m
         break
