@@ -96,6 +96,11 @@ COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the 
   # the real model's job, SFT through a GRPO step on a vLLM server the run starts
   ".venv/bin/python -m launch.train --config=configs/smollm2_arith.py": _SMOLLM2,
   "python -m launch.train --config=configs/smollm2_arith.py": _SMOLLM2,
+  # its SvS recipe, SFT through one SvS step on the in-process sampler
+  "python -m launch.train --config=configs/smollm2_arith_svs.py": (
+    "tests/model/test_gguf.py::test_one_svs_step_of_the_real_job",
+    ('config="configs/smollm2_arith_svs.py"',),
+  ),
   "python -m launch.qbq_diversity --run=": (
     "tests/methods/test_qbq_loop.py::test_two_rounds_end_to_end_resume_after_a_kill_between_stages",
     ('"launch.qbq_diversity", f"--run={full}"',),

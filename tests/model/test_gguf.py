@@ -111,15 +111,9 @@ def test_smollm2_responses_end_at_its_im_end_in_the_jax_sampler(smollm2):
   assert 2 not in c.token_ids[:-1] and "<|im_end|>" not in c.text
 
 
-def test_one_rl_step_of_the_real_job_through_a_vllm_server(smollm2, tmp_path):
-  """configs/smollm2_arith.py, scaled down: SFT, evaluations, one GRPO step sampled by the
-  vLLM CPU server the run starts (sampler.local_servers) on SmolLM2 in its own chat
-  template; every response that stopped ends at SmolLM2's <|im_end|>."""
-  import json
-
-  _, _, cache = smollm2
-  out = tmp_path / "run"
-  flags = [
+def _real_job_scaled_down(cache: str) -> list[str]:
+  """The SmolLM2 job's flags for one SFT step, one RL step of 2 x 2 responses, tiny evals."""
+  return [
     f"--config.model.cache_dir={cache}",
     "--config.data.arithmetic.n_sft=4",
     "--config.data.arithmetic.n_train=8",
@@ -131,11 +125,21 @@ def test_one_rl_step_of_the_real_job_through_a_vllm_server(smollm2, tmp_path):
     "--config.rl.loop.group_size=2",
     "--config.rl.loop.max_response_len=24",
     "--config.rl.loop.dynamic_sampling=False",
-    "--config.rl.log_samples_every=1",
     "--config.eval.sampling.n=1",
     "--config.eval.sampling.max_tokens=24",
     "--config.export_hf=False",
   ]
+
+
+def test_one_rl_step_of_the_real_job_through_a_vllm_server(smollm2, tmp_path):
+  """configs/smollm2_arith.py, scaled down: SFT, evaluations, one GRPO step sampled by the
+  vLLM CPU server the run starts (sampler.local_servers) on SmolLM2 in its own chat
+  template; every response that stopped ends at SmolLM2's <|im_end|>."""
+  import json
+
+  _, _, cache = smollm2
+  out = tmp_path / "run"
+  flags = [*_real_job_scaled_down(cache), "--config.rl.log_samples_every=1"]
   done = tiny_run.launch(out, *flags, config="configs/smollm2_arith.py", timeout=None)
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
   assert "sampler: vLLM up at http://127.0.0.1:" in done.stdout
@@ -423,3 +427,28 @@ def test_absurd_metadata_is_one_line(llama_file, tmp_path):
     with pytest.raises(GGUFError) as e:
       gguf_io.convert(bad, str(tmp_path / "out"))
     _one_line(e, bad, fragment)
+
+
+def test_one_svs_step_of_the_real_job(smollm2, tmp_path):
+  """configs/smollm2_arith_svs.py, scaled down and sampled in process: SFT on both tasks, one
+  SvS step whose synthesis counts add up, the run's summary naming the method."""
+  import json
+
+  _, _, cache = smollm2
+  out = tmp_path / "run"
+  flags = [
+    *_real_job_scaled_down(cache),
+    "--config.data.arithmetic.n_sft=32",  # enough SFT for mixed groups
+    "--config.sft.steps=8",
+    "--config.sft.batch_size=8",
+    "--config.rl.loop.prompts_per_step=4",
+    "--config.rl.loop.group_size=4",
+    "--config.sampler.kind=jax",
+    "--config.sampler.local_servers=0",
+  ]
+  done = tiny_run.launch(out, *flags, config="configs/smollm2_arith_svs.py", timeout=None)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  [row] = tiny_run.rows(out / "metrics.jsonl")
+  assert row["step"] == 0 and row["svs_syntheses"] >= 0
+  assert row["svs_accepted"] <= row["svs_syntheses"] <= 2 * row["svs_correct_solutions"]
+  assert json.load(open(out / "summary.json"))["method"] == "svs"
