@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlvr.rewards.code.config import CodeLimits
+from rlvr.sandbox.limits import CodeLimits
 
 # What one tool call may use: tighter than a graded program's (calls are many and short).
 TOOL_LIMITS = CodeLimits(

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import re
 
+from rlvr import sandbox as sandbox_lib
 from rlvr.envs.base import Episode
 from rlvr.envs.config import EnvConfig
-from rlvr.rewards.code import sandbox as sandbox_lib
-from rlvr.rewards.code.tool import run_python
+from rlvr.sandbox import run_python
 
 OUTPUT_OPEN = "```output"
 OUTPUT_CLOSE = "\n```\n"

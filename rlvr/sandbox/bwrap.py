@@ -36,10 +36,9 @@ import tempfile
 import threading
 import time
 
-from rlvr.rewards.code import driver, seccomp
-from rlvr.rewards.code.cgroups import RunCgroups, cgroup_bases, cgroups_if_any
-from rlvr.rewards.code.config import CodeLimits, CodeSandboxError
-from rlvr.rewards.code.formats import TestSpec
+from rlvr.sandbox import driver, jobs, seccomp
+from rlvr.sandbox.cgroups import RunCgroups, cgroup_bases, cgroups_if_any
+from rlvr.sandbox.limits import CodeLimits, CodeSandboxError
 
 _LOG = logging.getLogger(__name__)
 _STDERR_CAP = 4096  # bytes of the judge's stderr kept for error messages
@@ -344,7 +343,7 @@ def check_sandbox(sandbox: str = "bwrap") -> None:
 def _probe(bwrap: str) -> None:
   """Runs `print("ok")` in the real sandbox; raises with bwrap's own words when it fails."""
   limits = CodeLimits(cpu_s=10, wall_s=_PROBE_S, output_bytes=1024)
-  job = TestSpec("stdio", ("",), ("ok",)).job("print('ok')", limits)
+  job = jobs.script("print('ok')", limits)
   with SandboxedJudge(job, limits, "bwrap", bwrap) as run:
     msgs = list(run.messages(time.monotonic() + _PROBE_S))
   if run.end != "done" or not msgs or msgs[0].get("stdout") != "ok\n":

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 
-from rlvr.rewards.code.config import CodeLimits, CodeSandboxError
+from rlvr.sandbox.limits import CodeLimits, CodeSandboxError
 
 _LOG = logging.getLogger(__name__)
 _CGROUP_PREFIX = "rlvr-code"

@@ -1,7 +1,7 @@
 """One program run as a tool call: its output, never a verdict against tests.
 
 A policy that calls a python tool mid-solution (`rlvr.envs.python_tool`) runs each block
-here, in the same sandbox and under the same limits as a graded program (`sandbox`), and
+here, in the same sandbox and under the same limits as a graded program (`bwrap`), and
 reads back what it printed. Whatever the program does (hangs, forks, floods its output,
 crashes) ends as a `ToolResult` whose `status`, one of `TOOL_STATUSES`, names it (a metric
 counts each); nothing it does raises here but a missing or broken sandbox
@@ -13,9 +13,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from rlvr.rewards.code import sandbox as sandbox_lib
-from rlvr.rewards.code.config import CodeLimits, CodeSandboxError, clean_text
-from rlvr.rewards.code.formats import parse_tests
+from rlvr.sandbox import bwrap, jobs
+from rlvr.sandbox.limits import CodeLimits, CodeSandboxError, clean_text
 
 _STARTUP_S = 15.0  # the judge's own start, on top of the program's wall limit
 _SLACK_S = 1.0  # fork, report, kill what is left
@@ -46,10 +45,10 @@ class ToolResult:
 def run_python(code: str, limits: CodeLimits, sandbox: str = "bwrap") -> ToolResult:
   """Runs `code` as a script with empty stdin in the sandbox; what it printed and how it ended."""
   t0 = time.monotonic()
-  job = parse_tests({"inputs": [""], "outputs": [""]}).job(code, limits)
+  job = jobs.script(code, limits)
   msg = None
   try:
-    with sandbox_lib.SandboxedJudge(job, limits, sandbox) as run:
+    with bwrap.SandboxedJudge(job, limits, sandbox) as run:
       for m in run.messages(t0 + _STARTUP_S + limits.wall_s + _SLACK_S):
         msg = m
         break

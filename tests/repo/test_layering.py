@@ -106,11 +106,12 @@ FOLDERS = {
   "rlvr.data": ("rlvr.common",),
   "rlvr.parallel": ("rlvr.common",),
   "rlvr.objectives": ("rlvr.common",),
-  "rlvr.rewards": ("rlvr.common",),
+  "rlvr.sandbox": (),
+  "rlvr.rewards": ("rlvr.common", "rlvr.sandbox"),
   "rlvr.model": ("rlvr.common", "rlvr.parallel"),
   "rlvr.sampling": ("rlvr.common", "rlvr.model", "rlvr.parallel"),
   "rlvr.learner": ("rlvr.common", "rlvr.model", "rlvr.objectives", "rlvr.parallel"),
-  "rlvr.envs": ("rlvr.common", "rlvr.data", "rlvr.rewards", "rlvr.sampling"),
+  "rlvr.envs": ("rlvr.common", "rlvr.data", "rlvr.rewards", "rlvr.sampling", "rlvr.sandbox"),
   "rlvr.rollout": (
     "rlvr.common",
     "rlvr.data",
@@ -121,6 +122,7 @@ FOLDERS = {
     "rlvr.parallel",
     "rlvr.rewards",
     "rlvr.sampling",
+    "rlvr.sandbox",
   ),
   "rlvr.methods": (
     "rlvr.common",
@@ -132,6 +134,7 @@ FOLDERS = {
     "rlvr.rewards",
     "rlvr.rollout",
     "rlvr.sampling",
+    "rlvr.sandbox",
     "synthesis",
   ),
 }
@@ -197,8 +200,9 @@ def test_a_folder_imports_only_the_folders_below_it(folder):
     ),
     ("rlvr.methods.qbq_store", ("rlvr.parallel.distributed", "rlvr.common.fileio", "synthesis")),
     ("rlvr.methods.qbq_teachers", ("rlvr.sampling.assistant", "rlvr.data.tasks", "synthesis")),
-    ("rlvr.rewards", ("rlvr.rewards", "rlvr.common.named")),
-    ("rlvr.rewards.code.driver", ()),
+    ("rlvr.rewards", ("rlvr.rewards", "rlvr.common.named", "rlvr.sandbox")),
+    ("rlvr.sandbox", ("rlvr.sandbox",)),
+    ("rlvr.sandbox.driver", ()),
     ("rlvr.data.tasks.humaneval", ()),
   ],
 )
@@ -217,9 +221,7 @@ def test_code_judge_is_standard_library_only():
   import sys
 
   bad = {
-    d
-    for _, d in _deps("rlvr.rewards.code.driver")
-    if d.split(".")[0] not in sys.stdlib_module_names
+    d for _, d in _deps("rlvr.sandbox.driver") if d.split(".")[0] not in sys.stdlib_module_names
   }
   assert not bad, bad
 

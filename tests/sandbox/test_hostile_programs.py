@@ -3,7 +3,7 @@ verdicts, state carried between test cases, responses built to stall the parser.
 
 Graded programs go through `code.score` (what a run's verifier calls), tool calls through
 `run_python`, in the real bubblewrap sandbox; the limits and fixtures are
-`test_code_sandbox`'s.
+`test_sandbox`'s.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import signal
 import unicodedata
 
 import pytest
-from test_code_sandbox import CFG, LIMITS, real_sandbox  # noqa: F401 - a fixture
+from test_sandbox import CFG, LIMITS, real_sandbox  # noqa: F401 - a fixture
 
 from rlvr.rewards import code
-from rlvr.rewards.code import tool as tool_lib
+from rlvr.sandbox import python as tool_lib
 
 TOL = dataclasses.replace(CFG, float_tol=1e-6, workers=4)
 

@@ -23,9 +23,9 @@ import paths
 import pytest
 
 from rlvr.rewards import code
-from rlvr.rewards.code import cgroups as cgroups_lib
-from rlvr.rewards.code import sandbox as sandbox_lib
-from rlvr.rewards.code import seccomp as seccomp_lib
+from rlvr.sandbox import bwrap as sandbox_lib
+from rlvr.sandbox import cgroups as cgroups_lib
+from rlvr.sandbox import seccomp as seccomp_lib
 
 REPO = pathlib.Path(paths.REPO)
 LIMITS = code.CodeLimits(
@@ -593,7 +593,7 @@ def test_bwrap_that_cannot_run_as_real_root_keeps_a_user_namespace(
   )
   gate.chmod(0o755)
   monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-  with caplog.at_level(logging.WARNING, logger="rlvr.rewards.code.sandbox"):
+  with caplog.at_level(logging.WARNING, logger="rlvr.sandbox.bwrap"):
     code.check_sandbox()
   assert "cannot run as real root" in caplog.text and seccomp_lib.judge_user() is None
   tests = {"fn_name": "uid", "inputs": [[]], "outputs": [0]}
@@ -602,7 +602,7 @@ def test_bwrap_that_cannot_run_as_real_root_keeps_a_user_namespace(
 
 
 def test_unsandboxed_only_by_choice_with_a_warning(caplog, unprobed):
-  with caplog.at_level(logging.WARNING, logger="rlvr.rewards.code.sandbox"):
+  with caplog.at_level(logging.WARNING, logger="rlvr.sandbox.bwrap"):
     v = code.run_tests("print(int(input()) * 2)", DOUBLE, LIMITS, sandbox="none")
   assert v.reason == "ok"
   assert "trusted code only" in caplog.text

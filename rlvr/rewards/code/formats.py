@@ -24,7 +24,8 @@ import json
 import math
 import re
 
-from rlvr.rewards.code.config import clean_text
+from rlvr.sandbox import jobs
+from rlvr.sandbox.limits import clean_text
 
 KINDS = ("stdio", "call", "assert")
 
@@ -63,21 +64,15 @@ class TestSpec:
 
   def job(self, program: str, limits) -> dict:
     """The judge's job: the program, the inputs (never the expected outputs), the limits."""
-    return {
-      "kind": self.kind,
-      "program": program,
-      "cases": list(self.inputs),
-      "fn_name": self.fn_name,
-      "test": self.test,
-      "entry_point": self.entry_point,
-      "limits": {
-        "cpu_s": limits.cpu_s,
-        "wall_s": limits.wall_s,
-        "memory_bytes": limits.memory_bytes,
-        "output_bytes": limits.output_bytes,
-        "file_bytes": limits.file_bytes,
-      },
-    }
+    return jobs.job(
+      self.kind,
+      program,
+      self.inputs,
+      limits,
+      fn_name=self.fn_name,
+      test=self.test,
+      entry_point=self.entry_point,
+    )
 
   def judge(self, index: int, msg: dict, float_tol: float) -> tuple[bool, str, str]:
     """(passed, reason, detail) of the judge's message on case `index`."""

@@ -10,18 +10,12 @@ from typing import Sequence
 
 import numpy as np
 
-from rlvr.rewards.code import sandbox as sandbox_lib
-from rlvr.rewards.code.cgroups import memory_bound
-from rlvr.rewards.code.config import (
-  CodeLimits,
-  CodeRewardConfig,
-  CodeSandboxError,
-  CodeScore,
-  Verdict,
-  clean_text,
-)
+from rlvr.rewards.code.config import CodeRewardConfig, CodeScore, Verdict
 from rlvr.rewards.code.extract import extract_program
 from rlvr.rewards.code.formats import TestSpec, parse_tests
+from rlvr.sandbox import bwrap
+from rlvr.sandbox.cgroups import memory_bound
+from rlvr.sandbox.limits import CodeLimits, CodeSandboxError, clean_text
 
 _LOG = logging.getLogger(__name__)
 _STARTUP_S = 15.0  # the judge's own start, on top of the cases' wall limits
@@ -56,10 +50,10 @@ def run_tests(
   if program is None or not program.strip():
     return Verdict(0, spec.total, "no_code", "no program in the response")
   limits = limits or CodeLimits()
-  sandbox_lib.check_sandbox(sandbox)
+  bwrap.check_sandbox(sandbox)
   passed, seen, failure = 0, 0, None
   deadline = time.monotonic() + _STARTUP_S + spec.total * (limits.wall_s + _CASE_SLACK_S)
-  with sandbox_lib.SandboxedJudge(spec.job(program, limits), limits, sandbox) as run:
+  with bwrap.SandboxedJudge(spec.job(program, limits), limits, sandbox) as run:
     for msg in run.messages(deadline):
       if msg.get("case") != seen:
         run.end = "bad"
@@ -90,7 +84,7 @@ def _judge_case(spec: TestSpec, index: int, msg: dict, float_tol: float) -> tupl
     return False, "judge_error", f"{type(e).__name__}: {str(e)[:200]}"
 
 
-def _unfinished(run: sandbox_lib.SandboxedJudge) -> tuple[str, str]:
+def _unfinished(run: bwrap.SandboxedJudge) -> tuple[str, str]:
   """(reason, detail) of a run whose report stopped early."""
   if not run.ready:
     why = run.stderr.decode("utf-8", "replace").strip()[-300:]
@@ -114,7 +108,7 @@ def score(
       f"responses / tests_list: lengths differ ({len(responses)} vs {len(tests_list)})"
     )
   specs = [parse_tests(t) for t in tests_list]
-  sandbox_lib.check_sandbox(cfg.sandbox)
+  bwrap.check_sandbox(cfg.sandbox)
 
   def one(args: tuple[str, TestSpec]) -> Verdict:
     response, spec = args
