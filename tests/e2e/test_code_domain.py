@@ -107,10 +107,10 @@ def test_a_row_without_usable_tests_is_named_by_its_index(tmp_path):
 
 
 def test_no_sandbox_stops_the_run_before_anything_runs(tmp_path, monkeypatch):
-  from rlvr.rewards.code import CodeSandboxError, sandbox
+  from rlvr.sandbox import CodeSandboxError, bwrap
 
   monkeypatch.setenv("PATH", str(tmp_path))  # a PATH without bwrap
-  monkeypatch.setattr(sandbox, "_checked", {})  # the probe forgotten for this test
+  monkeypatch.setattr(bwrap, "_checked", {})  # the probe forgotten for this test
   with pytest.raises(CodeSandboxError, match="bubblewrap"):
     with open_verifier(CODE):
       pass
