@@ -1,4 +1,5 @@
-"""RL methods behind one protocol (`base.Method`); `make(cfg, train)` picks one by name.
+"""RL methods behind one protocol (`base.Method`); `make(cfg, train)` picks one by name,
+`check(cfg)` freezes and checks its section before anything is built.
 
 cfg.method is a known name, or "package.module:factory" for a method that
 lives outside the library (the factory takes (cfg, train prompts) and returns
@@ -14,6 +15,16 @@ from rlvr.methods import composition, plain, qbq, svs
 from rlvr.methods.base import Method, Prompt
 
 KNOWN = {"rlvr": plain.make, "svs": svs.make, "composition": composition.make, "qbq": qbq.make}
+# Each known method's own section, frozen and checked against the rest of the run config.
+CHECKS = {"svs": svs.check, "composition": composition.check, "qbq": qbq.check}
+
+
+def check(cfg):
+  """The method's section (`svs`, `composition`, `qbq`) as its frozen dataclass, checked
+  with the settings it spans (QbQ's rounds against rl.steps), at launch; None for a method
+  without one. A "package.module:factory" method checks its own settings when it is made."""
+  named.load("method", cfg.method, KNOWN, "a method", form="factory")
+  return CHECKS[cfg.method](cfg) if cfg.method in CHECKS else None
 
 
 def make(cfg, train: Sequence[Prompt]) -> Method:

@@ -92,5 +92,9 @@ class Composition(Method):
     }
 
 
+def check(cfg) -> CurriculumConfig:
+  return settings.frozen(CurriculumConfig, cfg.composition, prefix="composition.")
+
+
 def make(cfg, train: Sequence[Prompt]) -> Composition:
-  return Composition(train, settings.frozen(CurriculumConfig, cfg.composition), cfg.seed)
+  return Composition(train, check(cfg), cfg.seed)

@@ -366,8 +366,8 @@ class QbQ(Method):
     }
 
 
-def make(cfg, train: Sequence[Prompt]) -> QbQ:
-  c = settings.frozen(QbQConfig, cfg.qbq)
+def check(cfg) -> QbQConfig:
+  c = settings.frozen(QbQConfig, cfg.qbq, prefix="qbq.")
   if not c.teacher:
     raise ValueError(
       "qbq.teacher: empty; set 'policy' (the policy itself), 'procedural' (the "
@@ -378,6 +378,11 @@ def make(cfg, train: Sequence[Prompt]) -> QbQ:
       f"rl.steps: {cfg.rl.steps}, but qbq.rounds x qbq.steps_per_round = "
       f"{c.rounds * c.steps_per_round}; set them to agree"
     )
+  return c
+
+
+def make(cfg, train: Sequence[Prompt]) -> QbQ:
+  c = check(cfg)
   complete = None
   if c.teacher not in ("policy", "procedural"):  # the same key as the sampler's servers
     complete = server_teacher(

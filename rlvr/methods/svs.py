@@ -199,11 +199,22 @@ def synthesis_template(name: str) -> str | None:
     from rlvr.data.tasks import arithmetic
 
     return arithmetic.INVERSE_TEMPLATE
-  with open(name) as f:
-    return f.read()
+  try:
+    with open(name) as f:
+      return f.read()
+  except OSError as e:
+    raise ValueError(
+      f"svs.template: {name!r} is none of default|code|arithmetic and not a file to read "
+      f"({e.strerror})"
+    ) from None
+
+
+def check(cfg) -> svs.SvSConfig:
+  c = settings.frozen(svs.SvSConfig, cfg.svs, prefix="svs.")
+  synthesis_template(c.template)  # a one-line error naming a template file that is not there
+  return c
 
 
 def make(cfg, train: Sequence[Prompt]) -> SvS:
-  return SvS(
-    train, cfg.seed, settings.frozen(svs.SvSConfig, cfg.svs), synthesis_template(cfg.svs.template)
-  )
+  c = check(cfg)
+  return SvS(train, cfg.seed, c, synthesis_template(c.template))

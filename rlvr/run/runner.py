@@ -375,6 +375,7 @@ def run(cfg) -> dict:
   once with one line naming the holder's pid and host."""
   t_start = time.time()
   checked = experiment.check(cfg)  # every setting, before anything is built or trained
+  methods.check(cfg)  # and the method's own section, with the settings it spans
   distributed.initialize(cfg.get("coordinator") or None)
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)

@@ -381,3 +381,37 @@ def test_batches_the_mesh_does_not_split_are_refused():
   packed = experiment.check(_load("tiny", "--config.rl.loop.pack_min_rows=6"))
   with pytest.raises(ValueError, match=r"^rl.loop.pack_min_rows: 6 rows do not split over the 4"):
     experiment.check_mesh(packed, {"data": 1, "fsdp": 4, "tensor": 1})
+
+
+@pytest.mark.parametrize(
+  "name, override, message",
+  [
+    (
+      "tiny_qbq",
+      "rl.steps=17",
+      "rl.steps: 17, but qbq.rounds x qbq.steps_per_round = 16; set them to agree",
+    ),
+    (
+      "tiny",
+      "svs.template=/no/such/template.txt",
+      "svs.template: '/no/such/template.txt' is none of default|code|arithmetic and not a "
+      "file to read (No such file or directory)",
+    ),
+    (
+      "tiny_composition",
+      "composition.solve_all_threshold=1.5",
+      "composition.solve_all_threshold: must be in [0, 1], got 1.5",
+    ),
+  ],
+)
+def test_the_methods_own_section_is_checked_before_anything_is_built(
+  name, override, message, tmp_path
+):
+  from rlvr.run import runner
+
+  c = _load(name, f"--config.{override}")
+  c.workdir = str(tmp_path / "run")
+  with pytest.raises(ValueError) as e:
+    runner.run(c)
+  assert str(e.value) == message
+  assert not os.path.exists(c.workdir)  # refused before the work dir, the model or the data
