@@ -30,7 +30,6 @@ def get_config():
   c.sft.learner.learning_rate = 5e-5
   c.sft.learner.lr_schedule = "cosine"
   c.sft.learner.warmup_steps = 4
-  c.sft.learner.total_steps = 32
   c.sft.learner.min_lr_ratio = 0.1
   c.sampler.kind = "vllm"
   c.sampler.local_servers = 1  # a vLLM CPU server for the run, on the policy's weights

@@ -22,6 +22,5 @@ def get_config():
   c.svs.syntheses_per_solution = 2  # G_v (paper: 8); each synthesis is solved G = 4 times
   c.data.arithmetic.inverse_pairs = True
   c.sft.steps = 2 * smollm2_arith.get_config().sft.steps  # two tasks
-  c.sft.learner.total_steps = c.sft.steps
   c.rl.loop.max_prompt_len = 160  # a synthesis prompt carries a whole response (<= 64)
   return c

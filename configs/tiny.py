@@ -26,7 +26,6 @@ def get_config():
   c.svs.template = "arithmetic"  # rlvr.data.tasks.arithmetic.INVERSE_TEMPLATE
   c.data.arithmetic.inverse_pairs = True
   c.sft.steps = SFT_STEPS
-  c.sft.learner.total_steps = SFT_STEPS
   c.svs.syntheses_per_solution = 2  # G_v (paper: 8); each synthesis is solved G = 8 times
   c.rl.steps = 60
   c.rl.learner.learning_rate = 1e-4  # tiny_rlvr's 2e-4 dipped 7 points in the first 20 SvS steps

@@ -28,7 +28,6 @@ def get_config():
   c.svs.template = "arithmetic"
   c.svs.syntheses_per_solution = 2
   c.sft.steps = 800  # two tasks (solving, synthesis), as configs/tiny.py
-  c.sft.learner.total_steps = 800
   c.rl.steps = 60
   c.rl.loop.max_prompt_len = 80  # synthesis prompts carry a whole solution and program
   c.rl.loop.max_response_len = 48

@@ -22,7 +22,6 @@ def get_config():
   c.data.arithmetic.n_train = 2000  # per depth
   c.data.arithmetic.n_heldout = 128  # per depth
   c.sft.steps = 800
-  c.sft.learner.total_steps = 800
   c.composition.depths = (1, 2, 3)
   c.composition.max_steps = 30
   c.composition.solve_all_threshold = 0.6

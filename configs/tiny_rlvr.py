@@ -36,7 +36,6 @@ def get_config():
   c.sft.learner.learning_rate = 3e-3
   c.sft.learner.lr_schedule = "cosine"
   c.sft.learner.warmup_steps = 20
-  c.sft.learner.total_steps = 400
   c.sft.learner.min_lr_ratio = 0.1
   c.rl.steps = 100
   c.rl.loop.prompts_per_step = 16

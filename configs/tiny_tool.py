@@ -22,7 +22,6 @@ def get_config():
   c.data.arithmetic.answer = "tool"  # SFT solutions call the tool and box its output
   c.data.arithmetic.n_sft = 1000
   c.sft.steps = 800
-  c.sft.learner.total_steps = 800
   c.rl.steps = 60
   c.rl.loop.max_prompt_len = 40  # "Compute 928+492-993." would be 27 tokens with the template
   c.rl.loop.max_response_len = 48  # one turn: the block (about 30 tokens), or the answer

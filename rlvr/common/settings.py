@@ -7,8 +7,10 @@ configs override single fields. `frozen(cls, section)` turns a section back
 into the validated dataclass at the launch boundary, naming unknown fields.
 A field whose type is itself a dataclass (`LearnerConfig.lora`) becomes a
 nested section, and is frozen back the same way. A field whose metadata names a
-`DERIVED` source (`RLConfig.seed` is the run's `seed`) is not in the section: the
-launch fills it, and a section that sets it is told where the value lives.
+`DERIVED` source (`RLConfig.seed` is the run's `seed`; `LearnerConfig.total_steps` is
+".steps", the `steps` beside the section that holds it: sft.steps for sft.learner, rl.steps
+for rl.learner) is not in the section: the launch fills it, and a section that sets it is
+told where the value lives.
 """
 
 from __future__ import annotations
@@ -24,9 +26,18 @@ DERIVED = "derived_from"  # field metadata: the config path the launch takes the
 
 
 def derived(default, source: str):
-  """A dataclass field filled at launch from the config path `source`, not set in its own
-  section (one value for the whole run)."""
+  """A dataclass field filled at launch from the config path `source` (".name": `name`
+  beside the section that holds the field), not set in its own section (one value for the
+  whole run)."""
   return dataclasses.field(default=default, metadata={DERIVED: source})
+
+
+def source_path(section: str, source: str) -> str:
+  """The config path a derived field of the section at `section` ("sft.learner") takes its
+  value from: `source` itself, or for ".name" the `name` beside that section ("sft.name")."""
+  if not source.startswith("."):
+    return source
+  return ".".join([*section.split(".")[:-1], source[1:]]).lstrip(".")
 
 
 def _optional_type(hint) -> type | None:
@@ -88,8 +99,9 @@ def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict, prefix: str = 
   for f in dataclasses.fields(cls):
     if f.name in d and DERIVED in f.metadata:
       raise ValueError(
-        f"{prefix or cls.__name__ + '.'}{f.name}: set {f.metadata[DERIVED]} instead (one value "
-        "for the whole run)"
+        f"{prefix or cls.__name__ + '.'}{f.name}: set "
+        f"{source_path(prefix.rstrip('.'), f.metadata[DERIVED])} instead (one value for the "
+        "whole run)"
       )
     if f.name in d and isinstance(d[f.name], list):
       d[f.name] = tuple(d[f.name])

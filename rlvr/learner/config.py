@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr import objectives
+from rlvr.common import settings
 from rlvr.model import attention, decoder
 from rlvr.model.lora import LoraConfig
 
@@ -24,7 +25,8 @@ class LearnerConfig:
   learning_rate: float = 1e-6
   lr_schedule: str = "constant"  # "constant" | "cosine" (linear warmup, cosine decay)
   warmup_steps: int = 0
-  total_steps: int = 1000  # cosine horizon
+  total_steps: int = settings.derived(1000, ".steps")  # cosine horizon: the phase's steps
+  # (sft.steps, rl.steps), filled at launch
   min_lr_ratio: float = 0.0
   weight_decay: float = 0.01
   b1: float = 0.9

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import typing
 
 import jax
 
@@ -151,35 +152,51 @@ def _installed(module: str) -> bool:
   return importlib.util.find_spec(module) is not None
 
 
+def _derived_fields(name: str, cls):
+  """(config path, source path) of every derived field of section `name` and the sections
+  nested in it (`sft.learner.total_steps` -> `sft.steps`)."""
+  hints = typing.get_type_hints(cls)
+  for f in dataclasses.fields(cls):
+    if settings.DERIVED in f.metadata:
+      yield f"{name}.{f.name}", settings.source_path(name, f.metadata[settings.DERIVED])
+    elif dataclasses.is_dataclass(hints[f.name]):
+      yield from _derived_fields(f"{name}.{f.name}", hints[f.name])
+
+
 def derived_paths() -> dict[str, str]:
   """Config paths that are not set in their section -> the path their value comes from
-  (`settings.derived`: rl.loop.seed -> seed)."""
+  (`settings.derived`: rl.loop.seed -> seed, sft.learner.total_steps -> sft.steps)."""
   return {
-    f"{name}.{f.name}": f.metadata[settings.DERIVED]
-    for name, cls in SECTIONS.items()
-    for f in dataclasses.fields(cls)
-    if settings.DERIVED in f.metadata
+    path: source for name, cls in SECTIONS.items() for path, source in _derived_fields(name, cls)
   }
+
+
+def _filled(value, cfg, name: str):
+  """The frozen section `value` at `name`, its derived fields (nested ones too) filled."""
+  given = {}
+  for f in dataclasses.fields(value):
+    inner = getattr(value, f.name)
+    if settings.DERIVED in f.metadata:
+      given[f.name] = _section(cfg, settings.source_path(name, f.metadata[settings.DERIVED]))
+    elif dataclasses.is_dataclass(inner):
+      filled = _filled(inner, cfg, f"{name}.{f.name}")
+      if filled is not inner:
+        given[f.name] = filled
+  return dataclasses.replace(value, **given) if given else value
 
 
 def _frozen(cfg, name: str, cls):
   """Section `name` as its dataclass, with its derived fields filled from their sources."""
-  value = settings.frozen(cls, _section(cfg, name), prefix=f"{name}.")
-  given = {
-    f.name: _section(cfg, f.metadata[settings.DERIVED])
-    for f in dataclasses.fields(cls)
-    if settings.DERIVED in f.metadata
-  }
-  return dataclasses.replace(value, **given) if given else value
+  return _filled(settings.frozen(cls, _section(cfg, name), prefix=f"{name}."), cfg, name)
 
 
 def check(cfg) -> Settings:
   """All sections of `cfg` frozen and checked, then the rules that span sections."""
+  if cfg.rl.steps < 0:  # first: rl.learner.total_steps is derived from it
+    raise ValueError(f"rl.steps: must be >= 0, got {cfg.rl.steps}")
   s = Settings(
     **{name.replace(".", "_"): _frozen(cfg, name, cls) for name, cls in SECTIONS.items()}
   )
-  if cfg.rl.steps < 0:
-    raise ValueError(f"rl.steps: must be >= 0, got {cfg.rl.steps}")
   every = cfg.rl.log_samples_every
   if isinstance(every, bool) or not isinstance(every, int) or every < 0:
     raise ValueError(f"rl.log_samples_every: must be an integer >= 0 (0 = off), got {every!r}")
@@ -260,7 +277,6 @@ def scale_down(cfg, steps: int = 2):
   loop_c.pack_len, loop_c.pack_min_rows = 0, jax.device_count()  # a packed row per device
   c.rl.learner.micro_batch_rows, c.rl.learner.micro_batches = 0, 1
   c.rl.learner.compute_dtype = "float32"
-  c.rl.learner.total_steps = steps
   c.sft.steps = min(c.sft.steps, steps)
   c.sft.batch_size = min(c.sft.batch_size, 8)
   c.data.eval_limit = 8

@@ -20,11 +20,9 @@ import jax.numpy as jnp
 
 from rlvr import envs, learner, methods, rollout
 from rlvr import model as model_lib
-from rlvr.common import settings
 from rlvr.data import tokens
 from rlvr.model import lora as lora_lib
 from rlvr.parallel import distributed
-from rlvr.rewards import shaping
 from rlvr.rewards.verifiers import open_verifier
 from rlvr.rollout import buffer_file
 from rlvr.run import checkpoint, evaluation, experiment, interrupt, plots, samples_log, sft
@@ -47,7 +45,7 @@ def warm_start(run: Run) -> str:
     run.model_dir,
     run.data.sft_pairs,
     os.path.join(run.workdir, "sft"),
-    learner_cfg=settings.frozen(learner.LearnerConfig, c.sft.learner),
+    learner_cfg=run.settings.sft.learner,  # its cosine horizon: sft.steps
     mesh=run.mesh,
     instruction=c.data.instruction,
     chat_template=c.data.chat_template,
@@ -162,7 +160,7 @@ def evaluate(
   """pass@k of every eval set (episodes: in the run's environment; well_formed: the
   verifier's, for the share of responses that state an answer); with a tag, also a report
   under workdir/eval_<tag>."""
-  ecfg = settings.frozen(evaluation.EvalConfig, run.cfg.eval.sampling)
+  ecfg = run.settings.eval.sampling
   write = tag is not None and distributed.is_writer()
   outdir = os.path.join(run.workdir, f"eval_{tag}") if write else None
   results = {}
@@ -239,7 +237,7 @@ def train(
     run.workdir,
     resume_step=start,
     enabled=distributed.is_writer(),
-    logging=settings.frozen(experiment.LoggingConfig, c.logging, prefix="logging."),
+    logging=run.settings.logging,
     config=c.to_dict(),
   )
   samples = samples_log.SamplesLog(  # rl.log_samples_every: workdir/samples/step_<k>.jsonl
@@ -384,7 +382,7 @@ def run(cfg) -> dict:
 
 
 def _run(cfg, checked, t_start: float) -> dict:
-  r = workdir_lib.setup(cfg)
+  r = workdir_lib.setup(cfg, checked)
   experiment.check_eval_fits(checked.eval.sampling, r.context)
   experiment.check_mesh(checked, dict(r.mesh.shape))
   experiment.check_env_fits(checked.env, r.context)
@@ -429,7 +427,7 @@ def _run(cfg, checked, t_start: float) -> dict:
       encode=r.encode,
       encode_task=r.encode_task,
       answer_of=r.data.answer_of,
-      shaping_cfg=settings.frozen(shaping.ShapingConfig, cfg.shaping),
+      shaping_cfg=checked.shaping,
       well_formed=verifier.well_formed,
       episodes=episodes,
     )

@@ -40,6 +40,7 @@ class Run:
   """What every phase of one run shares."""
 
   cfg: Any  # the ml_collections config
+  settings: experiment.Settings  # its sections frozen and checked once (`experiment.check`)
   workdir: str
   progress: dict  # finished phases (progress.json)
   model_dir: str  # the HF dir the run starts from
@@ -119,9 +120,10 @@ def prepare_model(cfg) -> str:
   return path
 
 
-def setup(cfg) -> Run:
+def setup(cfg, checked: experiment.Settings | None = None) -> Run:
   """The run's work dir, model, data, mesh and tokenizer (after `distributed.initialize`, which
-  `runner.run` calls once, first)."""
+  `runner.run` calls once, first); `checked`: the config's sections as `experiment.check`
+  froze them (checked here when not given)."""
   from transformers import AutoTokenizer
 
   workdir = os.path.abspath(cfg.workdir)
@@ -142,6 +144,7 @@ def setup(cfg) -> Run:
     )
   run = Run(
     cfg,
+    checked or experiment.check(cfg),
     workdir,
     progress,
     model_dir,
@@ -201,9 +204,11 @@ def check_phases(run: Run) -> None:
   """A phase that a rerun would reuse, asked for with other settings, stops the run with one
   line naming the first changed field; settings of phases not yet recorded are recorded."""
   done = run.progress.setdefault("settings", {})
+  derived = experiment.derived_paths()
   for phase, now in phase_settings(run.cfg).items():
     recorded = done.setdefault(phase, now)
-    was = {k: v for k, v in recorded.items() if k not in _PLACE_ONLY}
+    # A derived field (sft.learner.total_steps) follows its source, which is compared itself.
+    was = {k: v for k, v in recorded.items() if k not in _PLACE_ONLY and k not in derived}
     # A field the record predates ran at its default; it is recorded from now on.
     defaults = _defaults()
     for k in set(now) - set(was):

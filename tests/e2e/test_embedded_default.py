@@ -18,7 +18,6 @@ def test_embedded_default_runs_end_to_end(tmp_path):
   _, rows = tiny_run.train(
     workdir,
     "--config.sft.steps=60",
-    "--config.sft.learner.total_steps=60",
     "--config.rl.steps=3",
     "--config.data.arithmetic.n_heldout=64",
     "--config.checkpoint.every=2",

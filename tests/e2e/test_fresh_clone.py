@@ -25,7 +25,6 @@ from paths import REPO
 # leave no mixed group for the SvS step), one RL step, 16 held-out problems.
 SCALE_DOWN = [
   "--config.sft.steps=60",
-  "--config.sft.learner.total_steps=60",
   "--config.rl.steps=1",
   "--config.data.arithmetic.n_heldout=16",
 ]

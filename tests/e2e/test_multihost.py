@@ -22,7 +22,6 @@ pytestmark = pytest.mark.slow
 
 SMALL = [
   "--config.sft.steps=60",
-  "--config.sft.learner.total_steps=60",
   "--config.data.arithmetic.n_heldout=16",
   "--config.eval.sampling.n=2",
   "--config.checkpoint.every=1",

@@ -559,7 +559,6 @@ def test_tiny_tool_calls_the_python_tool(tmp_path):
   workdir = tmp_path / "run"
   flags = [
     "--config.sft.steps=150",
-    "--config.sft.learner.total_steps=150",
     "--config.data.arithmetic.n_sft=300",
     "--config.data.arithmetic.n_train=16",
     "--config.data.arithmetic.n_heldout=4",

@@ -30,7 +30,6 @@ FLAGS = [
   "--config.data.chat_template=none",
   "--config.sft.steps=2",
   "--config.sft.batch_size=4",
-  "--config.sft.learner.total_steps=2",
   "--config.rl.steps=0",
   "--config.eval.sampling.n=1",
   "--config.eval.sampling.max_tokens=8",

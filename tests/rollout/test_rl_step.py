@@ -193,7 +193,6 @@ def test_one_step_with_vllm_sampler_syncs_weights(
 # The method lives in tests/, not in rlvr/: the seam needs no library edit.
 _RUN = [
   "--config.sft.steps=30",
-  "--config.sft.learner.total_steps=30",
   "--config.data.arithmetic.n_heldout=32",
   "--config.eval.sampling.n=2",
   "--config.rl.loop.dynamic_sampling=False",

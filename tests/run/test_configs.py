@@ -189,6 +189,14 @@ def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
     ("rl.stepz=5", "unknown config field rl.stepz; did you mean rl.steps?"),
     ("rl.loop.stepz=5", "unknown config field rl.loop.stepz"),
     ("rl.loop.seed=1", "rl.loop.seed: set seed instead (one value for the whole run)"),
+    (
+      "sft.learner.total_steps=5",
+      "sft.learner.total_steps: set sft.steps instead (one value for the whole run)",
+    ),
+    (
+      "rl.learner.total_steps=5",
+      "rl.learner.total_steps: set rl.steps instead (one value for the whole run)",
+    ),
     ("tracking.tensorboard=False", "unknown config field tracking"),
     (
       "learning_rate=1e-5",  # fields whose last part matches
@@ -232,6 +240,29 @@ def test_the_run_has_one_seed():
   with pytest.raises(ValueError) as e:
     experiment.check(c)
   assert str(e.value) == "rl.loop.seed: set seed instead (one value for the whole run)"
+
+
+def test_a_learners_horizon_is_its_phases_steps():
+  """The cosine horizon of each learner is the steps of its phase, derived at launch: SFT's
+  sft.steps, RL's rl.steps; a config that sets one is told where the value lives."""
+  from configs import tiny_rlvr
+  from rlvr.run import experiment
+
+  c = tiny_rlvr.get_config()
+  c.sft.steps, c.rl.steps = 120, 9
+  checked = experiment.check(c)
+  assert (checked.sft.learner.total_steps, checked.rl_learner.total_steps) == (120, 9)
+  assert experiment.derived_paths() == {
+    "rl.loop.seed": "seed",
+    "rl.learner.total_steps": "rl.steps",
+    "sft.learner.total_steps": "sft.steps",
+  }
+  c.sft.learner.total_steps = 120
+  with pytest.raises(ValueError) as e:
+    experiment.check(c)
+  assert (
+    str(e.value) == "sft.learner.total_steps: set sft.steps instead (one value for the whole run)"
+  )
 
 
 def test_a_missing_config_file_is_one_line_naming_it():

@@ -380,7 +380,6 @@ def _on_server(server, model_dir) -> list[str]:
     f"--config.sampler.model={server.options.served_model_name}",
     "--config.sampler.sync_dtype=float32",
     "--config.sft.steps=20",
-    "--config.sft.learner.total_steps=20",
     "--config.sft.batch_size=8",
   ]
 
