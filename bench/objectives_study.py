@@ -41,7 +41,7 @@ OBJECTIVES = {
     "--config.rl.learner.eps_high=4e-4",
   ],
   # REINFORCE++ as verl runs it: the clipped surrogate on batch-whitened advantages
-  "reinforce++": ["--config.rl.loop.advantage=reinforce++"],
+  "reinforce++": ["--config.rl.learner.advantage=reinforce++"],
 }
 
 

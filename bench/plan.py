@@ -6,7 +6,7 @@ r"""Memory plan of a config's update step, from the compiler: nothing runs, no w
 Compiles `learner.train_step` for --devices fake CPU devices on the config's mesh,
 with the model shapes of --model (default: read off the config's name; see
 bench/model_configs.PAPER_MODELS, or --hf_config=DIR/config.json) and one
-mini-batch of the config (rl.loop.ppo_mini_batch_size groups x group_size rows,
+mini-batch of the config (rl.learner.ppo_mini_batch_size groups x group_size rows,
 prompt + response tokens). Prints per device what XLA's memory analysis reports:
 parameters, optimizer state (both from the shardings), the step's inputs and
 temporaries, the total against --budget_gib, and model FLOPs per step from XLA's
@@ -108,11 +108,11 @@ def plan(cfg, devices: int) -> dict:
   rl = settings.frozen(rollout.RLConfig, cfg.rl.loop)
   mesh = sharding.make_mesh(cfg.mesh.to_dict())
   state = checkpoint.abstract_state(model_cfg, lc, mesh)
-  rows, t = rl.mini_batch_rows, rl.seq_len
+  rows, t = rl.batch_shape.mini_batch_rows(lc), rl.seq_len
   spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)
-  # Packed (rl.loop.pack): at most as many rows as unpacked, each sequence's positions and
+  # Packed (rl.learner.pack): at most as many rows as unpacked, each sequence's positions and
   # per-token advantages and truncation flags; the shapes of the worst case are compiled.
-  per_row = (rows, t) if rl.pack else (rows,)
+  per_row = (rows, t) if lc.pack else (rows,)
   batch = learner.TrainBatch(
     tokens_bt=spec((rows, t), jnp.int32),
     segment_bt=spec((rows, t), jnp.int32),
@@ -121,7 +121,7 @@ def plan(cfg, devices: int) -> dict:
     old_logp_bt=spec((rows, t), jnp.float32),
     sampler_logp_bt=spec((rows, t), jnp.float32),
     truncated=spec(per_row, jnp.bool_),
-    positions_bt=spec((rows, t), jnp.int32) if rl.pack else None,
+    positions_bt=spec((rows, t), jnp.int32) if lc.pack else None,
   )
   # XLA's CPU compiler runs bf16 dots in f32 and hoists the upcast of a bf16 layer stack out
   # of the layer loop: an f32 copy of the whole frozen base of a LoRA state (28 GiB at 7B), which
@@ -170,7 +170,7 @@ def plan(cfg, devices: int) -> dict:
     "remat": lc.remat,
     "compute_dtype": lc.compute_dtype,
     "attention": lc.attention,
-    "packed": rl.pack,
+    "packed": lc.pack,
     "gib_per_device": {
       "params": params / GIB,
       "frozen base (LoRA)": frozen / GIB,

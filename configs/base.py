@@ -110,15 +110,15 @@ def paper(
   c.rl.loop.prompts_per_step = 256
   c.rl.loop.max_prompt_len = 4096
   c.rl.loop.max_response_len = 8192
-  c.rl.loop.ppo_mini_batch_size = 256  # groups per optimizer step (2,048 rows)
+  c.rl.learner.ppo_mini_batch_size = 256  # groups per optimizer step (2,048 rows)
   c.svs.refill_originals = False  # used only by method="svs"
   # One row of 12,288 tokens per device per micro-batch: what fits an 80 GB H100 at 32B
   # (bench/plan.py; the plan table in docs/scale.md). Rows are split over data x fsdp.
   c.rl.learner.micro_batch_rows = fsdp
   # Responses vary in length: the update packs them into rows of the full length (the
   # same shapes per micro-batch, fewer micro-batches; verl's remove-padding).
-  c.rl.loop.pack = True
-  c.rl.loop.pack_min_rows = fsdp
+  c.rl.learner.pack = True
+  c.rl.learner.pack_min_rows = fsdp
   c.rl.learner.remat = True
   # Each layer's gradient is added into the micro-batch accumulator inside the backward
   # pass: one full f32 gradient per device instead of two (rlvr/model/grad_accum.py).

@@ -49,7 +49,7 @@ def get_config():
   c.rl.loop.prompts_per_step = 2
   c.rl.loop.group_size = 8
   c.rl.loop.dynamic_sampling = False  # TRL's GRPO: every group enters the loss
-  c.rl.loop.ppo_mini_batch_size = 0  # one optimizer step per 2 problems
+  c.rl.learner.ppo_mini_batch_size = 0  # one optimizer step per 2 problems
   c.rl.loop.max_prompt_len = 1024  # 4,096 context = prompt + 3,072
   c.rl.loop.max_response_len = 3072
   c.rl.learner.learning_rate = 3e-6

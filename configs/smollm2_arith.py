@@ -39,7 +39,7 @@ def get_config():
   c.rl.loop.max_prompt_len = 96
   c.rl.loop.max_response_len = 64
   c.rl.loop.max_extra_rounds = 1
-  c.rl.loop.pack = True  # prompt + response is 60-130 of a row's 160 tokens: packed rows
+  c.rl.learner.pack = True  # prompt + response is 60-130 of a row's 160 tokens: packed rows
   # take about half the update's work
   c.rl.learner.learning_rate = 5e-6
   c.rl.learner.weight_decay = 0.0

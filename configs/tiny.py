@@ -30,6 +30,6 @@ def get_config():
   c.rl.steps = 60
   c.rl.learner.learning_rate = 1e-4  # tiny_rlvr's 2e-4 dipped 7 points in the first 20 SvS steps
   c.rl.loop.max_prompt_len = 64  # synthesis prompts carry a whole solution (57-61 tokens)
-  c.rl.loop.pack = True  # sequences of 40-80 tokens padded to 112; packed into
-  c.rl.loop.pack_len = 256  # rows of 256, the update takes a third less time
+  c.rl.learner.pack = True  # sequences of 40-80 tokens padded to 112; packed into
+  c.rl.learner.pack_len = 256  # rows of 256, the update takes a third less time
   return c

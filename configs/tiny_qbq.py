@@ -36,7 +36,7 @@ def get_config():
   c.rl.loop.prompts_per_step = 4
   c.rl.loop.group_size = 8
   c.rl.loop.dynamic_sampling = False
-  c.rl.loop.ppo_mini_batch_size = 0
+  c.rl.learner.ppo_mini_batch_size = 0
   c.rl.loop.max_prompt_len = 40  # O2 variants double the expression
   c.rl.learner.eps_high = 0.2
   c.rl.learner.dual_clip = placeholder(float)  # None: no dual clip (TRL's GRPO)

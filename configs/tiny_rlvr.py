@@ -42,7 +42,7 @@ def get_config():
   c.rl.loop.max_prompt_len = 24
   c.rl.loop.max_response_len = 40
   c.rl.loop.max_extra_rounds = 2
-  c.rl.loop.ppo_mini_batch_size = 16  # as the papers: one step per plain batch, several
+  c.rl.learner.ppo_mini_batch_size = 16  # as the papers: one step per plain batch, several
   # for an SvS buffer (types 1+2+3)
   c.rl.learner.learning_rate = 2e-4
   c.rl.learner.weight_decay = 0.0

@@ -32,7 +32,7 @@ def get_config():
   c.data.chat_template = "none"  # a base model: the prompt as plain text
   c.rl.loop.prompts_per_step = 128
   c.rl.loop.group_size = 16
-  c.rl.loop.ppo_mini_batch_size = 128  # one optimizer step per rollout
+  c.rl.learner.ppo_mini_batch_size = 128  # one optimizer step per rollout
   c.rl.loop.max_prompt_len = 1024
   c.rl.loop.max_response_len = 3072  # per turn; the episode budget below caps the sum
   c.env.name = "python_tool"

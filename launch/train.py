@@ -91,6 +91,8 @@ def _unknown_key(text: str, argv) -> str:
   source = experiment.derived_paths().get(full)
   if source is not None:
     return f"{full}: set {source} instead (one value for the whole run)"
+  if experiment.moved_line(full):
+    return experiment.moved_line(full)
   line = f"unknown config field {full}"
   if hint:
     return line + f"; did you mean {'.'.join([*path, hint])}?"

@@ -318,19 +318,23 @@ def vllm_server(served_model_dir):
 
 @pytest.fixture(scope="session")
 def one_device_learner():
-  """(model config, params, learning rate, batching=RLConfig(), pad_id=0, **LearnerConfig
-  fields) -> a `learner.Learner` on one CPU device (its `state`, `update_fn`, `to_batch`)."""
+  """(model config, params, learning rate, rl=RLConfig() (the step's shapes and seed),
+  pad_id=0, **LearnerConfig fields) -> a `learner.Learner` on one CPU device (its `state`,
+  `update_fn`, `to_batch`)."""
   from rlvr import learner, rollout
   from rlvr.parallel import sharding
 
-  def make(cfg, params, lr, *, batching=None, pad_id=0, **learner_fields):
+  def make(cfg, params, lr, *, rl=None, pad_id=0, **learner_fields):
     mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
     lc = learner.LearnerConfig(learning_rate=lr, **learner_fields)
+    rl = rl if rl is not None else rollout.RLConfig()
     return learner.Learner(
       learner.init_state(cfg, lc, params, mesh),
       learner.make_update_fn(cfg, lc, mesh),
       lambda a: learner.TrainBatch(**{k: jax.device_put(v) for k, v in a.items()}),
-      batching if batching is not None else rollout.RLConfig(),
+      lc,
+      rl.batch_shape,
+      rl.seed,
       pad_id,
       learner.make_logprob_fn(cfg, lc, mesh),
     )

@@ -22,9 +22,10 @@ masks), `update` (the loss and the update step), `packing` and `ppo`; `learner` 
 `Learner`, the state and the buffer-to-update path as one RL step uses them.
 """
 
-from rlvr.learner.config import LearnerConfig, TrainBatch
+from rlvr.learner.config import RL_ONLY, LearnerConfig, TrainBatch
 from rlvr.learner.learner import Learner
 from rlvr.learner.logprobs import batch_logprobs, loss_mask, make_logprob_fn
+from rlvr.learner.packing import BatchShape
 from rlvr.learner.state import (
   LoraTrainState,
   TrainState,
@@ -39,6 +40,8 @@ from rlvr.learner.state import (
 from rlvr.learner.update import jit_train_step, make_update_fn, train_step
 
 __all__ = [
+  "RL_ONLY",
+  "BatchShape",
   "Learner",
   "LearnerConfig",
   "LoraTrainState",

@@ -17,6 +17,21 @@ from rlvr.model.lora import LoraConfig
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
+# The fields of a learner that only RL reads (SFT has no advantages, mini-batches of groups,
+# old log-probs or packing): an SFT learner that sets one is refused at launch.
+RL_ONLY = (
+  "advantage",
+  "normalize_std",
+  "adv_std_ddof",
+  "ppo_mini_batch_size",
+  "ppo_epochs",
+  "old_logp",
+  "pack",
+  "pack_len",
+  "pack_min_rows",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
   """Optimiser and loss settings (defaults: SvS's public settings,
@@ -74,6 +89,21 @@ class LearnerConfig:
   scan_layers: bool = True  # False: layers unrolled (faster on CPU for small
   # models, compile time grows with depth)
   lora: LoraConfig = LoraConfig()  # rank > 0: train LoRA adapters on a frozen base
+  # How a buffer of scored groups becomes optimizer steps (RL only: `RL_ONLY`).
+  advantage: str = "grpo"  # "grpo" | "dr_grpo" | "rloo" | "reinforce++" |
+  # "reinforce++_baseline" (objectives.ADVANTAGES), or "package.module:function"
+  normalize_std: bool = True  # False with advantage "grpo": the "dr_grpo" estimator
+  adv_std_ddof: int = 1  # std as verl / TRL take it (torch.std, unbiased); 0: population
+  ppo_mini_batch_size: int = 0  # groups (prompts) per optimizer step, as verl's
+  # ppo_mini_batch_size; 0: the whole buffer in one step
+  ppo_epochs: int = 1  # passes over a buffer's mini-batches
+  old_logp: str = "learner"  # old policy of a multi-step update: "learner" (recomputed
+  # once per rollout batch, as verl) or "sampler" (its logprobs)
+  pack: bool = False  # the update packs several sequences per row (verl's
+  # remove-padding, TRL's padding-free)
+  pack_len: int = 0  # packed row length (0: seq_len, the longest sequence)
+  pack_min_rows: int = 8  # packed row counts: powers of two >= this (a multiple of
+  # data-parallel devices x learner micro-batch rows)
 
   def __post_init__(self):
     if not self.learning_rate > 0:
@@ -123,6 +153,25 @@ class LearnerConfig:
       raise ValueError(
         f"tis_level: unknown {self.tis_level!r}; expected one of {objectives.TIS_LEVELS}"
       )
+    if not self.normalize_std and self.advantage not in ("grpo", "dr_grpo"):
+      raise ValueError(
+        f"normalize_std: False is the 'dr_grpo' estimator; advantage={self.advantage!r} "
+        "takes normalize_std=True"
+      )
+    objectives.advantage_fn(self.advantage)  # a one-line error naming the known estimators
+    if self.adv_std_ddof not in (0, 1):
+      raise ValueError(f"adv_std_ddof: expected 0 or 1, got {self.adv_std_ddof}")
+    if self.ppo_mini_batch_size < 0 or self.ppo_epochs < 1:
+      raise ValueError(
+        f"ppo_mini_batch_size / ppo_epochs: must be >= 0 (0 = whole buffer) / >= 1, got "
+        f"{self.ppo_mini_batch_size} / {self.ppo_epochs}"
+      )
+    if self.old_logp not in ("learner", "sampler"):
+      raise ValueError(f"old_logp: unknown {self.old_logp!r}; expected learner|sampler")
+    if self.pack_len < 0 or self.pack_min_rows < 1:
+      raise ValueError(
+        f"pack_len / pack_min_rows: must be >= 0 / >= 1, got {self.pack_len} / {self.pack_min_rows}"
+      )
     if self.moe_aux_loss_coef < 0 or self.moe_z_loss_coef < 0:
       raise ValueError(
         f"moe_aux_loss_coef / moe_z_loss_coef: must be >= 0, got "
@@ -144,6 +193,12 @@ class LearnerConfig:
       raise ValueError(
         f"lora: expected a rlvr.model.lora.LoraConfig, got {type(self.lora).__name__}"
       )
+
+  @property
+  def advantage_estimator(self) -> str:
+    """The `objectives.ADVANTAGES` name in effect: `advantage`, or "dr_grpo" for "grpo" with
+    normalize_std False."""
+    return "dr_grpo" if self.advantage == "grpo" and not self.normalize_std else self.advantage
 
   @property
   def auto_micro(self) -> bool:

@@ -25,8 +25,9 @@ class Learner:
 
   state: a `TrainState` (or `LoraTrainState`); update_fn(state, batch) -> (state, metrics),
   the jitted update (`make_update_fn`); to_batch(arrays) -> a `TrainBatch` on the learner's
-  devices; batching: the settings of building batches from a buffer (an `rollout.RLConfig`:
-  advantage estimator, mini-batches, epochs, packing, old log-probs, seed); pad_id: the
+  devices; cfg: its settings (`LearnerConfig`: besides the optimiser and the loss, the
+  advantage estimator, mini-batches, epochs, old log-probs and packing); shape: the step's
+  batch shapes (`packing.BatchShape`); seed: the run's (mini-batch order); pad_id: the
   tokenizer's; logp_fn(params, batch) -> log-probs (`make_logprob_fn`), needed when a buffer
   makes several optimizer steps.
   """
@@ -34,28 +35,41 @@ class Learner:
   state: Any
   update_fn: Callable
   to_batch: Callable[[dict], TrainBatch]
-  batching: Any
+  cfg: LearnerConfig
+  shape: packing.BatchShape
+  seed: int
   pad_id: int
   logp_fn: Callable | None = None
 
   @classmethod
-  def build(cls, model_cfg, cfg: LearnerConfig, mesh, state, batching, pad_id: int) -> "Learner":
+  def build(
+    cls,
+    model_cfg,
+    cfg: LearnerConfig,
+    mesh,
+    state,
+    shape: packing.BatchShape,
+    seed: int,
+    pad_id: int,
+  ) -> "Learner":
     """The learner of a run: its jitted functions over `mesh`; batches split over the mesh's
     data-parallel axes (every process holds the whole batch: `distributed.replicated_batch`)."""
     return cls(
       state,
       make_update_fn(model_cfg, cfg, mesh),
       lambda arrays: TrainBatch(**distributed.replicated_batch(arrays, mesh)),
-      batching,
+      cfg,
+      shape,
+      seed,
       pad_id,
       make_logprob_fn(model_cfg, cfg, mesh),
     )
 
   def update(self, groups: Sequence, step: int) -> dict[str, float]:
     """The optimizer step(s) on a buffer of scored groups; returns the learner's metrics."""
-    cfg = self.batching
+    cfg = self.cfg
     advantages = packing.group_advantages(groups, cfg)
-    rng = ppo.shuffle_rng(cfg, step)
+    rng = ppo.shuffle_rng(self.seed, step)
     chunks = ppo.mini_batches(list(zip(groups, advantages)), cfg, rng)
     one = len(chunks) == 1 and cfg.ppo_epochs == 1
     batches = [
@@ -63,9 +77,10 @@ class Learner:
         packing.build_batch(
           [g for g, _ in chunk],
           cfg,
+          self.shape,
           self.pad_id,
           advantages=[a for _, a in chunk],
-          min_rows=None if one else cfg.mini_batch_rows,
+          min_rows=None if one else self.shape.mini_batch_rows(cfg),
         )
       )
       for chunk in chunks

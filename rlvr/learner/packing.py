@@ -4,11 +4,14 @@
 them (RL buffers and SFT alike), one sequence per row or, with `first_fit`'s bins,
 several side by side; `build_batch` turns a buffer's groups (`rollout.Group`) into
 such arrays with their advantages (`group_advantages`), in bucketed shapes (`bucket`) so that the
-jitted update compiles a handful of times per run.
+jitted update compiles a handful of times per run. What the arrays look like follows the
+learner's settings (`LearnerConfig`: advantage estimator, packing) and the step's shapes
+(`BatchShape`: rows and tokens of a whole buffer).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -108,6 +111,22 @@ def loss_positions(mask_bt: np.ndarray, minimum: int = 16) -> np.ndarray:
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+  """The step's shapes a buffer's batches start from (`rollout.RLConfig.batch_shape`):
+  rows of a whole buffer (prompts x group size), responses per prompt, and the token length
+  of a row (prompt + response budget, a multiple of 16)."""
+
+  rows: int
+  group_size: int
+  seq_len: int
+
+  def mini_batch_rows(self, cfg) -> int:
+    """Rows of one mini-batch of full groups under the learner's `ppo_mini_batch_size`
+    (the smallest shape a mini-batch is padded to)."""
+    return cfg.ppo_mini_batch_size * self.group_size if cfg.ppo_mini_batch_size else self.rows
+
+
 def bucket(n: int, minimum: int, multiple: int = 1) -> int:
   """`minimum` when n fits, else the next power of two >= n (a multiple of `multiple`)."""
   b = minimum if n <= minimum else 1 << (n - 1).bit_length()
@@ -115,7 +134,8 @@ def bucket(n: int, minimum: int, multiple: int = 1) -> int:
 
 
 def group_advantages(groups: Sequence, cfg) -> list[np.ndarray]:
-  """One advantage array per group of a whole buffer, by `cfg.advantage_estimator`
+  """One advantage array per group of a whole buffer, by the `LearnerConfig`'s
+  `advantage_estimator`
   (`objectives.advantages`), computed before any mini-batch split, so batch-normalised
   estimators (REINFORCE++) see every group of the rollout."""
   return objectives.advantages(
@@ -129,6 +149,7 @@ def group_advantages(groups: Sequence, cfg) -> list[np.ndarray]:
 def build_batch(
   groups: Sequence,
   cfg,
+  shape: BatchShape,
   pad_id: int,
   *,
   advantages: Sequence[np.ndarray] | None = None,
@@ -136,13 +157,13 @@ def build_batch(
   seq_len: int | None = None,
   min_rows: int | None = None,
 ) -> dict[str, np.ndarray]:
-  """Right-padded [rows, seq_len] arrays of `rollout.Group`s under a `rollout.RLConfig`:
+  """Right-padded [rows, seq_len] arrays of `rollout.Group`s under a `LearnerConfig` cfg:
   prompt, then completion (in the loss), then pad.
 
   Rows beyond the groups are padding (no loss tokens). advantages: one array per group
   (`group_advantages` of the whole buffer, which the update computes once before it
   splits the buffer into mini-batches); None computes them for these groups alone.
-  Default shape: cfg.rows (or `min_rows`) x cfg.seq_len, grown to the next power
+  Default shape: shape.rows (or `min_rows`) x shape.seq_len, grown to the next power
   of two when the groups need more (a larger buffer, a longer prompt), so shapes
   stay few. With `cfg.pack` the sequences are packed side by side into rows of
   max(cfg.pack_len, that seq_len) tokens (`first_fit`), as few rows as they
@@ -160,7 +181,7 @@ def build_batch(
   if len(adv) != len(seqs):
     raise ValueError(f"build_batch: {len(adv)} advantages for {len(seqs)} sequences")
   truncated = np.array([c.finish_reason == "length" for g in groups for c in g.completions], bool)
-  seq_len = bucket(max(lengths, default=0), cfg.seq_len, 16) if seq_len is None else seq_len
+  seq_len = bucket(max(lengths, default=0), shape.seq_len, 16) if seq_len is None else seq_len
   if cfg.pack:
     seq_len = max(seq_len, cfg.pack_len)
     bins = first_fit(lengths, seq_len)
@@ -173,7 +194,7 @@ def build_batch(
       advantages=np.where(real, adv[index], 0.0).astype(np.float32),
       truncated=real & truncated[index],
     )
-  rows = bucket(len(seqs), min_rows or cfg.rows) if rows is None else rows
+  rows = bucket(len(seqs), min_rows or shape.rows) if rows is None else rows
   arrays = pack_rows(seqs, rows, seq_len, pad_id)
   return dict(
     arrays,

@@ -2,7 +2,7 @@
 
 `update_on_batches` is what `Learner.update` ends with: one update with the current policy
 as the old one when the buffer is one mini-batch of one epoch, otherwise whole groups in
-`rl.ppo_mini_batch_size` mini-batches (`mini_batches`), `rl.ppo_epochs` passes, old logprobs
+`rl.learner.ppo_mini_batch_size` mini-batches (`mini_batches`), `rl.learner.ppo_epochs` passes, old logprobs
 fixed once before the first optimizer step (`multi_step_update`).
 """
 
@@ -90,16 +90,16 @@ def multi_step_update(
   return state, steps, drift_kl(policy_weights(state), logp_fn, batches)
 
 
-def shuffle_rng(cfg, step: int) -> np.random.Generator:
+def shuffle_rng(seed: int, step: int) -> np.random.Generator:
   """The seeded order of a step's mini-batches and epochs (the same on every process)."""
-  return np.random.default_rng((cfg.seed, step, 17))
+  return np.random.default_rng((seed, step, 17))
 
 
 def update_on_batches(
   state, update_fn, logp_fn, batches: Sequence, cfg, rng: np.random.Generator
 ) -> tuple[Any, dict[str, float]]:
   """The optimizer step(s) on a buffer's batches (one per mini-batch) under the
-  `rollout.RLConfig` cfg; returns (state, metrics).
+  `LearnerConfig` cfg; returns (state, metrics).
 
   One batch and one epoch: exactly one update with the current policy as the old one
   (ratio 1); otherwise `multi_step_update` (epochs in `rng`'s order), which needs logp_fn.

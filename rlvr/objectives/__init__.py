@@ -18,7 +18,7 @@ is a completion token that counts in the loss.
 Two registries pick the objective by name (docs/methods.md#objectives-and-advantage-estimators),
 each in its own file beside the functions it names:
 `POLICY_LOSSES` in `losses.py` (`rl.learner.policy_loss`: grpo, gspo, gspo_token, cispo) and
-`ADVANTAGES` in `advantage_estimators.py` (`rl.loop.advantage`: grpo, dr_grpo, rloo,
+`ADVANTAGES` in `advantage_estimators.py` (`rl.learner.advantage`: grpo, dr_grpo, rloo,
 reinforce++, reinforce++_baseline); either also takes "package.module:function" for one
 defined elsewhere.
 """

@@ -1,6 +1,6 @@
 """Advantage estimators: group-relative advantages and the `ADVANTAGES` registry.
 
-`ADVANTAGES` (`rl.loop.advantage`: grpo, dr_grpo, rloo, reinforce++, reinforce++_baseline)
+`ADVANTAGES` (`rl.learner.advantage`: grpo, dr_grpo, rloo, reinforce++, reinforce++_baseline)
 maps a name to its estimator; `advantage_fn` also takes "package.module:function" for
 one defined elsewhere.
 """

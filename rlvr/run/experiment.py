@@ -152,6 +152,15 @@ def _installed(module: str) -> bool:
   return importlib.util.find_spec(module) is not None
 
 
+# Config paths that moved -> where they are now: a config that still sets one is told.
+MOVED = {f"rl.loop.{name}": f"rl.learner.{name}" for name in learner.RL_ONLY}
+
+
+def moved_line(old: str) -> str | None:
+  """The one line for a config path that moved (`MOVED`), None for any other path."""
+  return f"{old}: moved to {MOVED[old]}; set that instead" if old in MOVED else None
+
+
 def _derived_fields(name: str, cls):
   """(config path, source path) of every derived field of section `name` and the sections
   nested in it (`sft.learner.total_steps` -> `sft.steps`)."""
@@ -192,6 +201,10 @@ def _frozen(cfg, name: str, cls):
 
 def check(cfg) -> Settings:
   """All sections of `cfg` frozen and checked, then the rules that span sections."""
+  for old in MOVED:
+    section, _, key = old.rpartition(".")
+    if key in _section(cfg, section):
+      raise ValueError(moved_line(old))
   if cfg.rl.steps < 0:  # first: rl.learner.total_steps is derived from it
     raise ValueError(f"rl.steps: must be >= 0, got {cfg.rl.steps}")
   s = Settings(
@@ -205,17 +218,29 @@ def check(cfg) -> Settings:
     raise ValueError(
       "sampler.lora_adapters: pushes LoRA adapters, which need rl.learner.lora.rank > 0"
     )
-  if rl.pack and lc.attention == "cudnn":
+  if lc.pack and lc.attention == "cudnn":
     raise ValueError(
-      "rl.loop.pack: packed rows (several sequences per row) need "
+      "rl.learner.pack: packed rows (several sequences per row) need "
       "rl.learner.attention auto|dense|blockwise; cudnn takes one per row"
     )
   split = lc.micro_batch_rows or lc.micro_batches or 1
-  if rl.pack and rl.pack_min_rows % split:
+  if lc.pack and lc.pack_min_rows % split:
     raise ValueError(
-      f"rl.loop.pack_min_rows: {rl.pack_min_rows} packed rows do not split by "
+      f"rl.learner.pack_min_rows: {lc.pack_min_rows} packed rows do not split by "
       f"{split} (rl.learner.micro_batch_rows, or micro_batches); use a multiple"
     )
+  if rl.max_staleness and lc.old_logp != "learner":
+    raise ValueError(
+      "rl.learner.old_logp: 'sampler' with rl.loop.max_staleness=1 would clip against "
+      "weights one update behind the learner's; use 'learner' (TIS still uses the sampler's)"
+    )
+  sft_default = learner.LearnerConfig()
+  for name in learner.RL_ONLY:
+    if getattr(s.sft.learner, name) != getattr(sft_default, name):
+      raise ValueError(
+        f"sft.learner.{name}: an RL setting (advantages, mini-batches of groups, old "
+        f"log-probs, packing); SFT does not read it, set rl.learner.{name}"
+      )
   if s.logging.wandb and s.logging.wandb_mode != "disabled" and not _installed("wandb"):
     raise ValueError(  # here, not after SFT; the text of rlvr.run.metrics.WANDB_MISSING
       "logging.wandb: the wandb package is not installed; pip install wandb "
@@ -273,8 +298,9 @@ def scale_down(cfg, steps: int = 2):
   loop_c.prompts_per_step = 4
   loop_c.max_prompt_len = min(loop_c.max_prompt_len, 512)
   loop_c.max_response_len = min(loop_c.max_response_len, 32)
-  loop_c.ppo_mini_batch_size = 2 if loop_c.ppo_mini_batch_size else 0  # multi-step stays
-  loop_c.pack_len, loop_c.pack_min_rows = 0, jax.device_count()  # a packed row per device
+  lrn = c.rl.learner
+  lrn.ppo_mini_batch_size = 2 if lrn.ppo_mini_batch_size else 0  # multi-step stays
+  lrn.pack_len, lrn.pack_min_rows = 0, jax.device_count()  # a packed row per device
   c.rl.learner.micro_batch_rows, c.rl.learner.micro_batches = 0, 1
   c.rl.learner.compute_dtype = "float32"
   c.sft.steps = min(c.sft.steps, steps)
@@ -299,10 +325,10 @@ def scale_down(cfg, steps: int = 2):
 def check_mesh(s: Settings, mesh_shape: dict[str, int]) -> None:
   """Batch sizes the data-parallel devices (mesh data x fsdp x expert) do not split."""
   dp = mesh_shape.get("data", 1) * mesh_shape.get("fsdp", 1) * mesh_shape.get("expert", 1)
-  rl = s.rl_loop
+  rl, lc = s.rl_loop, s.rl_learner
   sizes = [
-    ("rl.loop.pack_min_rows", rl.pack_min_rows)
-    if rl.pack
+    ("rl.learner.pack_min_rows", lc.pack_min_rows)
+    if lc.pack
     else ("rl.loop.prompts_per_step x group_size", rl.rows)
   ]
   if s.sft.steps:

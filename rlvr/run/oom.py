@@ -36,7 +36,7 @@ ADVICE = {
   "RL update": "use more, smaller micro-batches (lower rl.learner.micro_memory_gb, or set "
   "rl.learner.micro_batch_rows / micro_batches), set rl.learner.remat=True, lower "
   "rl.loop.max_response_len / max_prompt_len, rl.loop.prompts_per_step (or "
-  "rl.loop.ppo_mini_batch_size), or use more devices (mesh)",
+  "rl.learner.ppo_mini_batch_size), or use more devices (mesh)",
   "sampling": "lower rl.loop.prompts_per_step, rl.loop.group_size or "
   "rl.loop.max_response_len, or sample from vLLM servers (sampler.kind=vllm)",
   "evaluation": "lower eval.sampling.batch_prompts, eval.sampling.max_tokens or eval.sampling.n",

@@ -446,7 +446,10 @@ def _run(cfg, checked, t_start: float) -> dict:
         os.path.join(r.workdir, where("policy_adapter")), model_cfg, state, base=base
       )
 
-    policy = learner.Learner.build(model_cfg, lc, r.mesh, state, checked.rl_loop, r.pad_id)
+    loop = checked.rl_loop
+    policy = learner.Learner.build(
+      model_cfg, lc, r.mesh, state, loop.batch_shape, loop.seed, r.pad_id
+    )
     train(r, policy, mngr, method, env, eval_score, meta, export=export)
     mngr.close()
     if r.progress.get("eval_after_step") != cfg.rl.steps:

@@ -170,7 +170,7 @@ def test_tiny_code_runs_then_evaluates_on_humaneval(code_policy, tmp_path):
   c.model.path, c.sft.steps = code_policy, 0  # already SFT'd on the same task
   c.rl.steps = c.checkpoint.every = 2
   c.data.arithmetic.n_train, c.data.arithmetic.n_heldout = 64, 8
-  c.rl.loop.prompts_per_step = c.rl.loop.ppo_mini_batch_size = 4
+  c.rl.loop.prompts_per_step = c.rl.learner.ppo_mini_batch_size = 4
   c.rl.loop.max_extra_rounds = 1
   c.eval.sampling.n = 2
   runner.run(c)

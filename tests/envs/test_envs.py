@@ -100,10 +100,11 @@ def test_observations_are_outside_the_loss(policy, episode_groups, one_device_le
   groups = episode_groups
   comps = [c for g in groups for c in g.completions]
   assert any(0 in c.loss_mask for c in comps)
-  for rl in (RL, dataclasses.replace(RL, pack=True, pack_len=128, pack_min_rows=1)):
-    arrays = packing.build_batch(groups, rl, tok.pad_token_id)
+  plain = learner.LearnerConfig()
+  for lc in (plain, dataclasses.replace(plain, pack=True, pack_len=128, pack_min_rows=1)):
+    arrays = packing.build_batch(groups, lc, RL.batch_shape, tok.pad_token_id)
     assert arrays["loss_mask_bt"].sum() == sum(c.policy_tokens for c in comps)
-  arrays = packing.build_batch(groups, RL, tok.pad_token_id)
+  arrays = packing.build_batch(groups, plain, RL.batch_shape, tok.pad_token_id)
   mask = arrays["loss_mask_bt"] > 0
   batch = learner.TrainBatch(**{k: jnp.asarray(v) for k, v in arrays.items()})
   ours = np.asarray(learner.make_logprob_fn(cfg, learner.LearnerConfig())(params, batch))
@@ -145,9 +146,11 @@ def test_episodes_packed_split_and_sharded_make_the_same_update(policy, episode_
   """One sequence per row on one device, packed rows in two micro-batches, and a
   data x fsdp mesh: the same step on interleaved masks (rtol 1e-4)."""
   cfg, params, tok, _ = policy
-  packed_rl = dataclasses.replace(RL, pack=True, pack_len=256, pack_min_rows=2)
+  one_per_row = learner.LearnerConfig()
+  packed_lc = dataclasses.replace(one_per_row, pack=True, pack_len=256, pack_min_rows=2)
   plain, packed = (
-    packing.build_batch(episode_groups, rl, tok.pad_token_id) for rl in (RL, packed_rl)
+    packing.build_batch(episode_groups, lc, RL.batch_shape, tok.pad_token_id)
+    for lc in (one_per_row, packed_lc)
   )
   assert (
     packed["segment_bt"].max() > 1 and packed["loss_mask_bt"].sum() == plain["loss_mask_bt"].sum()
@@ -209,7 +212,7 @@ def test_every_method_steps_in_an_environment(policy, one_device_learner, name, 
   env = step_env(sampler, even_length, tok, rl=rl, encode=enc, episodes=_episodes(tok))
   texts = [f"Compute {i}+{i + 3}." for i in range(24)]
   prompts = [Prompt(tuple(enc(t)), str(2 * i + 3), t, "composed-d1") for i, t in enumerate(texts)]
-  lrn = one_device_learner(cfg, params, 1e-3, batching=rl, pad_id=tok.pad_token_id)
+  lrn = one_device_learner(cfg, params, 1e-3, rl=rl, pad_id=tok.pad_token_id)
   m = rollout.rl_step(lrn, _method(name, prompts, tmp_path), env, 0)
   assert m["turns_mean"] > 1 and m["obs_tokens_frac"] > 0, m
 

@@ -19,7 +19,10 @@ from rlvr.rollout import Prompt, RLConfig, gather_groups
 from rlvr.sampling import JaxSampler
 
 RL = RLConfig(prompts_per_step=8, group_size=4, max_prompt_len=8, max_response_len=8)
+SHAPE = RL.batch_shape
 LR = 3e-2  # large, so that later mini-batches move the ratio past the clip range
+LC = learner.LearnerConfig(learning_rate=LR)  # one sequence per row, GRPO's advantages
+PACKED = dataclasses.replace(LC, pack=True, pack_len=48, pack_min_rows=2)
 
 
 @pytest.fixture(scope="module")
@@ -42,28 +45,28 @@ def _params(state):
 def test_one_mini_batch_is_the_single_step_update_bit_for_bit(rollout, one_device_learner):
   cfg, params, pad, groups = rollout
   results = []
-  for rl in (RL, dataclasses.replace(RL, ppo_mini_batch_size=RL.prompts_per_step)):
-    lrn = one_device_learner(cfg, params, LR, batching=rl, pad_id=pad)
+  for fields in ({}, {"ppo_mini_batch_size": RL.prompts_per_step}):
+    lrn = one_device_learner(cfg, params, LR, rl=RL, pad_id=pad, **fields)
     lrn.logp_fn = None  # one optimizer step needs none
     m = lrn.update(groups, step=0)
     assert m["optimizer_steps"] == 1 and m["ratio_max"] == 1.0
     results.append(_params(lrn.state))
   lrn = one_device_learner(cfg, params, LR)  # the update called directly
-  state, _ = lrn.update_fn(lrn.state, lrn.to_batch(packing.build_batch(groups, RL, pad)))
+  state, _ = lrn.update_fn(lrn.state, lrn.to_batch(packing.build_batch(groups, LC, SHAPE, pad)))
   for a, b, c in zip(*results, _params(state)):
     assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
 def test_four_mini_batches_are_off_policy_and_equal_single_updates(rollout, one_device_learner):
   cfg, params, pad, groups = rollout
-  rl = dataclasses.replace(RL, ppo_mini_batch_size=2)
-  logp_fn = learner.make_logprob_fn(cfg, learner.LearnerConfig(learning_rate=LR))
-  chunks = ppo.mini_batches(groups, rl, np.random.default_rng(0))
+  lc = dataclasses.replace(LC, ppo_mini_batch_size=2)
+  logp_fn = learner.make_logprob_fn(cfg, lc)
+  chunks = ppo.mini_batches(groups, lc, np.random.default_rng(0))
   assert [len(c) for c in chunks] == [2, 2, 2, 2]
   assert sorted(id(g) for c in chunks for g in c) == sorted(id(g) for g in groups)
 
   lrn = one_device_learner(cfg, params, LR)
-  build = lambda c: packing.build_batch(c, rl, pad, min_rows=rl.mini_batch_rows)
+  build = lambda c: packing.build_batch(c, lc, SHAPE, pad, min_rows=SHAPE.mini_batch_rows(lc))
   batches = [lrn.to_batch(build(c)) for c in chunks]
   assert batches[0].tokens_bt.shape[0] == 2 * RL.group_size
   state, steps, kl = ppo.multi_step_update(lrn.state, lrn.update_fn, logp_fn, batches)
@@ -89,8 +92,7 @@ def test_four_mini_batches_are_off_policy_and_equal_single_updates(rollout, one_
 
 def test_the_learner_reports_the_steps_of_a_buffer(rollout, one_device_learner):
   cfg, params, pad, groups = rollout
-  rl = dataclasses.replace(RL, ppo_mini_batch_size=4, ppo_epochs=2)
-  lrn = one_device_learner(cfg, params, LR, batching=rl, pad_id=pad)
+  lrn = one_device_learner(cfg, params, LR, rl=RL, pad_id=pad, ppo_mini_batch_size=4, ppo_epochs=2)
   m = lrn.update(groups, step=3)
   assert m["optimizer_steps"] == 4 and int(lrn.state.step) == 4
   assert m["kl_first_last"] > 0 and m["ratio_min"] <= 1.0 <= m["ratio_max"]
@@ -133,8 +135,7 @@ def test_packed_rows_give_the_unpacked_update(rollout, one_device_learner, aggre
   masked, each aggregation, GSPO with sequence-level mismatch correction, CISPO), on
   far fewer padding tokens."""
   cfg, params, pad, groups = rollout
-  packed_rl = dataclasses.replace(RL, pack=True, pack_len=48, pack_min_rows=2)
-  plain, packed = (packing.build_batch(groups, rl, pad) for rl in (RL, packed_rl))
+  plain, packed = (packing.build_batch(groups, lc, SHAPE, pad) for lc in (LC, PACKED))
   assert packed["segment_bt"].max() > 2
   assert packed["tokens_bt"].size < plain["tokens_bt"].size
   assert (packed["segment_bt"] == 0).sum() <= (plain["segment_bt"] == 0).sum() / 2  # padding
@@ -168,7 +169,7 @@ def test_old_logprobs_are_computed_per_micro_batch(rollout):
   memory, not the whole buffer's) and puts every row back in place."""
   cfg, params, pad, groups = rollout
   batch = learner.TrainBatch(
-    **{k: jax.numpy.asarray(v) for k, v in packing.build_batch(groups, RL, pad).items()}
+    **{k: jax.numpy.asarray(v) for k, v in packing.build_batch(groups, LC, SHAPE, pad).items()}
   )
   whole, split = (
     np.asarray(learner.make_logprob_fn(cfg, learner.LearnerConfig(micro_batches=m))(params, batch))
@@ -183,12 +184,11 @@ def test_advantages_are_taken_over_the_whole_buffer(rollout):
   sequence per row or packed); left out, it computes GRPO's for its groups; a
   batch-normalised estimator split into mini-batches keeps the whole buffer's statistics."""
   _, _, pad, groups = rollout
-  packed_rl = dataclasses.replace(RL, pack=True, pack_len=48, pack_min_rows=2)
   marks = [np.arange(len(g.completions), dtype=np.float32) + 10 * k for k, g in enumerate(groups)]
-  for rl in (RL, packed_rl):
-    arrays = packing.build_batch(groups, rl, pad, advantages=marks)
+  for lc in (LC, PACKED):
+    arrays = packing.build_batch(groups, lc, SHAPE, pad, advantages=marks)
     adv, seg, mask = arrays["advantages"], arrays["segment_bt"], arrays["loss_mask_bt"] > 0
-    if rl.pack:  # per token: one value on each sequence, each given value on one sequence
+    if lc.pack:  # per token: one value on each sequence, each given value on one sequence
       seen = [
         set(adv[r][mask[r] & (seg[r] == s)].tolist())
         for r in range(mask.shape[0])
@@ -199,19 +199,23 @@ def test_advantages_are_taken_over_the_whole_buffer(rollout):
     else:  # per row
       n = sum(len(m) for m in marks)
       assert np.array_equal(adv[:n], np.concatenate(marks)) and not adv[n:].any()
-    grpo = packing.build_batch(groups, rl, pad)
-    given = packing.build_batch(groups, rl, pad, advantages=packing.group_advantages(groups, rl))
+    grpo = packing.build_batch(groups, lc, SHAPE, pad)
+    given = packing.build_batch(
+      groups, lc, SHAPE, pad, advantages=packing.group_advantages(groups, lc)
+    )
     assert np.array_equal(grpo["advantages"], given["advantages"])
   with pytest.raises(ValueError, match="advantages for"):
-    packing.build_batch(groups, RL, pad, advantages=marks[:-1])
-  rl = dataclasses.replace(RL, ppo_mini_batch_size=2, advantage="reinforce++")
-  whole = packing.group_advantages(groups, rl)
+    packing.build_batch(groups, LC, SHAPE, pad, advantages=marks[:-1])
+  lc = dataclasses.replace(LC, ppo_mini_batch_size=2, advantage="reinforce++")
+  whole = packing.group_advantages(groups, lc)
   lengths = [len(c.token_ids) for g in groups for c in g.completions]
   flat = np.concatenate(whole)
   assert np.average(flat, weights=lengths) == pytest.approx(0.0, abs=1e-5)  # whitened
-  for chunk in ppo.mini_batches(list(zip(groups, whole)), rl, np.random.default_rng(0)):
+  for chunk in ppo.mini_batches(list(zip(groups, whole)), lc, np.random.default_rng(0)):
     mini, adv = zip(*chunk)
-    arrays = packing.build_batch(mini, rl, pad, advantages=adv, min_rows=rl.mini_batch_rows)
+    arrays = packing.build_batch(
+      mini, lc, SHAPE, pad, advantages=adv, min_rows=SHAPE.mini_batch_rows(lc)
+    )
     n = sum(len(a) for a in adv)
     assert np.array_equal(arrays["advantages"][:n], np.concatenate(adv))
-    assert not np.allclose(np.concatenate(packing.group_advantages(mini, rl)), np.concatenate(adv))
+    assert not np.allclose(np.concatenate(packing.group_advantages(mini, lc)), np.concatenate(adv))

@@ -42,7 +42,7 @@ class Sequential:
 def run_steps(make_learner, model_dir, method, rl, score_fn, steps=3, lr=1e-3, answer_of=None):
   cfg, params = model.load_hf(model_dir)
   tok = AutoTokenizer.from_pretrained(model_dir)
-  lrn = make_learner(cfg, params, lr, batching=rl, pad_id=tok.pad_token_id)
+  lrn = make_learner(cfg, params, lr, rl=rl, pad_id=tok.pad_token_id)
   enc = lambda text: format_prompt(tok, text, "")
   env = step_env(
     JaxSampler(cfg, params, tok), score_fn, tok, rl=rl, encode=enc, answer_of=answer_of

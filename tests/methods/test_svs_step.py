@@ -32,7 +32,7 @@ SVS = svs.SvSConfig(syntheses_per_solution=4)
 
 def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cfg, lr, **kw):
   """One rl_step of the SvS method over `prompts` (drawn in a seeded shuffle)."""
-  lrn = make_learner(cfg, params, lr, batching=rl, pad_id=tok.pad_token_id, **kw.pop("learner", {}))
+  lrn = make_learner(cfg, params, lr, rl=rl, pad_id=tok.pad_token_id, **kw.pop("learner", {}))
   enc = lambda text: format_prompt(tok, text, "")
   env = step_env(sampler, score_fn, tok, rl=rl, encode=enc, **kw.pop("env", {}))
   samples = kw.pop("samples", None)

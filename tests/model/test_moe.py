@@ -436,7 +436,7 @@ def test_routing_replay_from_the_jax_sampler(moe_dirs, one_device):
     )
     for p, g in zip(prompts, outs)
   ]
-  arrays = packing.build_batch(groups, rl, tok.pad_token_id)
+  arrays = packing.build_batch(groups, learner.LearnerConfig(), rl.batch_shape, tok.pad_token_id)
   assert arrays["routes_bt"].shape[2:] == (s, k)
   batch = learner.TrainBatch(**{k_: jnp.asarray(v) for k_, v in arrays.items()})
   mesh = sharding.make_mesh({}, jax.devices()[:1])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tiny_run
 
-from rlvr import learner, objectives, rollout
+from rlvr import learner, objectives
 
 EL, EH = 0.2, 0.28
 
@@ -268,16 +268,16 @@ def test_names_select_resolve_and_fail_in_one_line():
   with pytest.raises(ValueError, match=r"^policy_loss: cannot load 'no_such_module:f'"):
     learner.LearnerConfig(policy_loss="no_such_module:f")
   with pytest.raises(ValueError, match=r"^advantage: unknown 'ppo'; known: \['dr_grpo', 'grpo'"):
-    rollout.RLConfig(advantage="ppo")
+    learner.LearnerConfig(advantage="ppo")
   for field, bad in (("tis_level", "row"), ("seq_mask_cap", 1.0)):
     with pytest.raises(ValueError, match=field):
       learner.LearnerConfig(**{field: bad})
   # normalize_std keeps its meaning: False is Dr.GRPO
-  assert rollout.RLConfig().advantage_estimator == "grpo"
-  assert rollout.RLConfig(normalize_std=False).advantage_estimator == "dr_grpo"
-  assert rollout.RLConfig(advantage="rloo").advantage_estimator == "rloo"
+  assert learner.LearnerConfig().advantage_estimator == "grpo"
+  assert learner.LearnerConfig(normalize_std=False).advantage_estimator == "dr_grpo"
+  assert learner.LearnerConfig(advantage="rloo").advantage_estimator == "rloo"
   with pytest.raises(ValueError, match="normalize_std"):
-    rollout.RLConfig(advantage="rloo", normalize_std=False)
+    learner.LearnerConfig(advantage="rloo", normalize_std=False)
   sys.path.insert(0, HERE)
   try:
     got = objectives.advantages("test_objectives:shifted_estimator", [np.ones(2)], [np.ones(2)])
@@ -303,8 +303,8 @@ def test_a_loss_defined_outside_the_library_trains_through_launch_train(tmp_path
     "--config.rl.steps=2",
     "--config.rl.loop.dynamic_sampling=False",
     "--config.rl.loop.prompts_per_step=4",
-    "--config.rl.loop.ppo_mini_batch_size=0",
-    "--config.rl.loop.advantage=rloo",
+    "--config.rl.learner.ppo_mini_batch_size=0",
+    "--config.rl.learner.advantage=rloo",
     "--config.rl.learner.policy_loss=test_objectives:fixed_value_loss",
     "--config.export_hf=False",
   ]

@@ -33,7 +33,8 @@ _TIMING = (*tiny_run.TIMING, "overlap_frac")
 
 def _run(sampler, lrn, tok, rl, overlap, steps=3):
   env = _env(sampler, tok, even_length)
-  env.rl = lrn.batching = rl
+  env.rl = rl
+  lrn.shape, lrn.seed = rl.batch_shape, rl.seed
   lrn.pad_id = tok.pad_token_id
   method = plain.Plain(PROMPTS, seed=0)
   rollouts = rollout.Rollouts(method, env, overlap=overlap, last_step=steps)
@@ -135,8 +136,15 @@ def test_a_buffer_kept_with_a_checkpoint_loads_back_exactly(tiny, tmp_path):
 def test_staleness_above_one_and_sampler_old_logprobs_are_refused():
   with pytest.raises(ValueError, match="max_staleness: expected 0 or 1, got 2"):
     dataclasses.replace(RL, max_staleness=2)
-  with pytest.raises(ValueError, match="old_logp: 'sampler' with max_staleness=1"):
-    dataclasses.replace(RL, max_staleness=1, old_logp="sampler")
+  from configs import tiny_rlvr
+  from rlvr.run import experiment
+
+  c = tiny_rlvr.get_config()
+  c.rl.loop.max_staleness, c.rl.learner.old_logp = 1, "sampler"
+  with pytest.raises(
+    ValueError, match="rl.learner.old_logp: 'sampler' with rl.loop.max_staleness=1"
+  ):
+    experiment.check(c)
 
 
 def _command(workdir, vllm_server, served_model_dir, steps, *flags):

@@ -22,7 +22,7 @@ from rules import even_length
 from step_env import step_env
 from transformers import AutoTokenizer
 
-from rlvr import model, rollout
+from rlvr import learner, model, rollout
 from rlvr.learner import packing
 from rlvr.methods import plain
 from rlvr.run import runner
@@ -71,7 +71,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   assert all(g.mixed for g in kept)
   assert len(sampled) == state["i"] >= len(kept)
   assert set(id(g) for g in kept) <= set(id(g) for g in sampled)
-  arrays = packing.build_batch(kept, RL, tok.pad_token_id)
+  arrays = packing.build_batch(kept, learner.LearnerConfig(), RL.batch_shape, tok.pad_token_id)
   assert arrays["tokens_bt"].shape == (RL.rows, RL.seq_len)
   # advantages: zero-mean within each group, completion tokens in the loss only
   adv = arrays["advantages"].reshape(RL.prompts_per_step, RL.group_size)
@@ -121,7 +121,7 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
 
 def test_one_step_with_jax_sampler_updates_and_syncs(tiny, one_device_learner):
   cfg, params, tok = tiny
-  lrn = one_device_learner(cfg, params, 1e-3, batching=RL, pad_id=tok.pad_token_id)
+  lrn = one_device_learner(cfg, params, 1e-3, rl=RL, pad_id=tok.pad_token_id)
   sampler = JaxSampler(cfg, params, tok)
   m = rollout.rl_step(lrn, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0)
   assert int(lrn.state.step) == 1 and sampler.version == 1
@@ -158,7 +158,7 @@ def test_one_step_with_vllm_sampler_syncs_weights(
 
   cfg, params = model.load_hf(served_model_dir)
   tok = AutoTokenizer.from_pretrained(served_model_dir)
-  lrn = one_device_learner(cfg, params, 1e-2, batching=RL, pad_id=tok.pad_token_id)
+  lrn = one_device_learner(cfg, params, 1e-2, rl=RL, pad_id=tok.pad_token_id)
   sampler = VLLMSampler(
     vllm_server.url,
     model_config=cfg,

@@ -130,7 +130,8 @@ def test_paper_configs_take_verls_mini_batches_and_the_authors_svs_loop():
   for mod in (rlvr_dapo17k_qwen25_32b, svs_dapo17k_qwen25_32b):
     c = mod.get_config()
     rl = settings.frozen(rollout.RLConfig, c.rl.loop)
-    assert rl.ppo_mini_batch_size * rl.group_size == 2048 and rl.adv_std_ddof == 1
+    lc = settings.frozen(learner.LearnerConfig, c.rl.learner)
+    assert lc.ppo_mini_batch_size * rl.group_size == 2048 and lc.adv_std_ddof == 1
   assert svs_dapo17k_qwen25_32b.get_config().svs.refill_originals is False
 
 
@@ -189,6 +190,11 @@ def test_launch_prints_the_resolved_config_and_names_a_bad_key_in_one_line():
     ("rl.stepz=5", "unknown config field rl.stepz; did you mean rl.steps?"),
     ("rl.loop.stepz=5", "unknown config field rl.loop.stepz"),
     ("rl.loop.seed=1", "rl.loop.seed: set seed instead (one value for the whole run)"),
+    ("rl.loop.pack=True", "rl.loop.pack: moved to rl.learner.pack; set that instead"),
+    (
+      "rl.loop.ppo_mini_batch_size=4",
+      "rl.loop.ppo_mini_batch_size: moved to rl.learner.ppo_mini_batch_size; set that instead",
+    ),
     (
       "sft.learner.total_steps=5",
       "sft.learner.total_steps: set sft.steps instead (one value for the whole run)",
@@ -240,6 +246,34 @@ def test_the_run_has_one_seed():
   with pytest.raises(ValueError) as e:
     experiment.check(c)
   assert str(e.value) == "rl.loop.seed: set seed instead (one value for the whole run)"
+
+
+def test_the_learners_settings_live_in_its_section():
+  """How a buffer becomes optimizer steps (advantages, mini-batches, old log-probs, packing)
+  is rl.learner's; a config that still sets one under rl.loop is told where it moved, and an
+  SFT learner that sets one is told that SFT does not read it."""
+  from configs import tiny_rlvr
+  from rlvr.run import experiment
+
+  assert set(experiment.MOVED) == {f"rl.loop.{name}" for name in learner.RL_ONLY}
+  c = tiny_rlvr.get_config()
+  c.rl.learner.ppo_mini_batch_size, c.rl.learner.advantage = 4, "rloo"
+  checked = experiment.check(c)
+  assert (checked.rl_learner.ppo_mini_batch_size, checked.rl_learner.advantage) == (4, "rloo")
+  assert checked.rl_loop.batch_shape.mini_batch_rows(checked.rl_learner) == 4 * 8
+  old = tiny_rlvr.get_config()
+  old.rl.loop.ppo_epochs = 2  # an old config file's line (its sections are not locked)
+  with pytest.raises(ValueError) as e:
+    experiment.check(old)
+  assert str(e.value) == "rl.loop.ppo_epochs: moved to rl.learner.ppo_epochs; set that instead"
+  sft = tiny_rlvr.get_config()
+  sft.sft.learner.pack = True
+  with pytest.raises(ValueError) as e:
+    experiment.check(sft)
+  assert str(e.value) == (
+    "sft.learner.pack: an RL setting (advantages, mini-batches of groups, old log-probs, "
+    "packing); SFT does not read it, set rl.learner.pack"
+  )
 
 
 def test_a_learners_horizon_is_its_phases_steps():
@@ -409,8 +443,10 @@ def test_batches_the_mesh_does_not_split_are_refused():
     "rl.loop.prompts_per_step x group_size: 128 rows do not split over the 3 data-parallel "
     "devices (mesh data x fsdp x expert = 3); use a multiple of 3 or another mesh"
   )
-  packed = experiment.check(_load("tiny", "--config.rl.loop.pack_min_rows=6"))
-  with pytest.raises(ValueError, match=r"^rl.loop.pack_min_rows: 6 rows do not split over the 4"):
+  packed = experiment.check(_load("tiny", "--config.rl.learner.pack_min_rows=6"))
+  with pytest.raises(
+    ValueError, match=r"^rl.learner.pack_min_rows: 6 rows do not split over the 4"
+  ):
     experiment.check_mesh(packed, {"data": 1, "fsdp": 4, "tensor": 1})
 
 

@@ -38,7 +38,7 @@ TOO_BIG = [
   "--config.rl.steps=1",
   "--config.rl.loop.dynamic_sampling=False",
   "--config.rl.learner.micro_batches=1",  # the automatic count would split it until it fits
-  "--config.rl.loop.ppo_mini_batch_size=0",
+  "--config.rl.learner.ppo_mini_batch_size=0",
   "--config.rl.loop.prompts_per_step=32",
   "--config.rl.loop.max_prompt_len=2000",
   "--config.rl.loop.max_response_len=8",
@@ -49,7 +49,7 @@ EXPECTED = re.compile(
     "launch.train: out of memory in the RL update (XLA could not allocate SIZE GiB): use "
     "more, smaller micro-batches (lower rl.learner.micro_memory_gb, or set "
     "rl.learner.micro_batch_rows / micro_batches), set rl.learner.remat=True, lower rl.loop.max_response_len / "
-    "max_prompt_len, rl.loop.prompts_per_step (or rl.loop.ppo_mini_batch_size), or use more "
+    "max_prompt_len, rl.loop.prompts_per_step (or rl.learner.ppo_mini_batch_size), or use more "
     "devices (mesh); python bench/plan.py --config=configs/tiny_rlvr.py --devices=1 (with "
     "the same --config.* flags) tells what fits before a run (--verbose for the traceback)"
   ).replace("SIZE", r"(\d+\.\d)")

@@ -411,7 +411,7 @@ def test_launch_train_samples_from_the_server_and_syncs_it_every_step(
       "--config.eval.sampling.n=2",
       "--config.rl.steps=2",
       "--config.rl.loop.prompts_per_step=4",
-      "--config.rl.loop.ppo_mini_batch_size=4",
+      "--config.rl.learner.ppo_mini_batch_size=4",
       "--config.rl.loop.dynamic_sampling=False",
       "--config.reward_workers=1",
       "--config.eval.samples=True",
