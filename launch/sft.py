@@ -8,13 +8,19 @@ r"""Supervised fine-tuning on (prompt, completion) pairs, loss on completion tok
 --data rows need a problem/prompt field and a solution/completion field
 (--problem_field / --completion_field). Uses the learner's sharded update and
 orbax checkpoints (rerun to resume); writes the result as an HF dir workdir/model.
+Defaults are those of launch.train's `sft` section (`experiment.SFTConfig`: batch size,
+learning rate, weight decay, LoRA); the schedule here is warmup + cosine over the steps.
 """
 
+import dataclasses
 import math
 import os
 
 from absl import app, flags, logging
 
+from rlvr.run.experiment import SFTConfig
+
+SECTION = SFTConfig()  # the defaults of launch.train's sft section, one source for both
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
   "model", None, "HF model directory, hub id or GGUF file to start from.", required=True
@@ -36,20 +42,28 @@ flags.DEFINE_float(
   -1.0,
   "Warmup as a fraction of the steps (QbQ's M0: 0.03); default min(50, steps / 10).",
 )
-flags.DEFINE_integer("batch_size", 32, "Pairs per step.")
-flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate (warmup + cosine).")
+flags.DEFINE_integer("batch_size", SECTION.batch_size, "Pairs per step (sft.batch_size).")
+flags.DEFINE_float(
+  "learning_rate",
+  SECTION.learner.learning_rate,
+  "Peak learning rate, warmup + cosine (sft.learner.learning_rate).",
+)
 flags.DEFINE_string("mesh", "fsdp=-1", "Mesh axes, e.g. data=2,fsdp=4.")
 flags.DEFINE_integer("seed", 0, "Shuffling seed.")
-flags.DEFINE_integer("lora_rank", 0, "LoRA rank (0 = full fine-tuning); written merged.")
-flags.DEFINE_float("lora_alpha", 64.0, "LoRA alpha (scale alpha / rank).")
-flags.DEFINE_float("lora_dropout", 0.05, "LoRA dropout (rows of A, per step; rlvr/model/lora.py).")
+flags.DEFINE_integer(
+  "lora_rank", SECTION.learner.lora.rank, "LoRA rank (0 = full fine-tuning); written merged."
+)
+flags.DEFINE_float("lora_alpha", SECTION.learner.lora.alpha, "LoRA alpha (scale alpha / rank).")
+flags.DEFINE_float(
+  "lora_dropout",
+  SECTION.learner.lora.dropout,
+  "LoRA dropout (rows of A, per step; rlvr/model/lora.py).",
+)
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress bars
-  from rlvr import learner
-  from rlvr.model.lora import LoraConfig
   from rlvr.parallel import sharding
   from rlvr.run.sft import train_sft
 
@@ -70,14 +84,18 @@ def main(argv):
     steps = max(1, math.ceil(FLAGS.epochs * len(pairs) / FLAGS.batch_size))
   warmup = min(50, steps // 10) if FLAGS.warmup_ratio < 0 else math.ceil(FLAGS.warmup_ratio * steps)
   mesh = sharding.make_mesh({k: int(v) for k, v in (p.split("=") for p in FLAGS.mesh.split(","))})
-  lc = learner.LearnerConfig(
+  lc = dataclasses.replace(
+    SECTION.learner,
     learning_rate=FLAGS.learning_rate,
     lr_schedule="cosine",
     warmup_steps=warmup,
     total_steps=steps,
-    weight_decay=0.0,
-    dual_clip=None,
-    lora=LoraConfig(FLAGS.lora_rank, FLAGS.lora_alpha, FLAGS.lora_dropout),
+    lora=dataclasses.replace(
+      SECTION.learner.lora,
+      rank=FLAGS.lora_rank,
+      alpha=FLAGS.lora_alpha,
+      dropout=FLAGS.lora_dropout,
+    ),
   )
   from rlvr.run.workdir import resolve_model
 
