@@ -17,7 +17,7 @@ whole step, completion tokens per second of the step, mean reward, for both; the
 of mean step times (steps after the first, which compiles) and each side's peak memory.
 
   bash scripts/setup.sh --trl   # TRL 1.16 in .venvs/trl
-  python bench/race_trl.py [--steps=4] [--lora=16] [--model=<HF folder>]
+  python bench/race_trl.py [--steps=4] [--lora=16 [--lora_push=merged]] [--model=<HF folder>]
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ flags.DEFINE_integer("group", 4, "Responses per prompt.")
 flags.DEFINE_integer("max_new_tokens", 64, "Longest response.")
 flags.DEFINE_float("lr", 5e-6, "Learning rate (constant).")
 flags.DEFINE_integer("lora", 0, "> 0: LoRA of this rank (alpha 2 x rank) on both sides.")
+flags.DEFINE_enum(
+  "lora_push",
+  "adapters",
+  ["adapters", "merged"],
+  "With --lora, what rlvr pushes to its vLLM server each step: the adapters (vLLM applies "
+  "them while it samples) or the weights with the adapters merged in.",
+)
 flags.DEFINE_integer("seed", 0, "Problems and sampling seed.")
 flags.DEFINE_string("workdir", "/tmp/race_trl", "Scratch folder (cleared per side).")
 flags.DEFINE_enum("side", "both", ["both", "rlvr", "trl"], "Which sides to run.")
@@ -96,7 +103,7 @@ def run_rlvr(model: str, problems: str, out: str) -> tuple[list[dict], float]:
       f"--config.rl.learner.lora.rank={FLAGS.lora}",
       f"--config.rl.learner.lora.alpha={2.0 * FLAGS.lora}",
       "--config.rl.learner.lora.dropout=0.0",
-      "--config.sampler.lora_adapters=True",
+      f"--config.sampler.lora_adapters={FLAGS.lora_push == 'adapters'}",
     ]
   cmd = ["/usr/bin/time", "-f", "PEAK_KB %M", sys.executable, "-m", "launch.train", *sets]
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -170,7 +177,9 @@ def main(_):
   print(
     f"race: {model}, {FLAGS.steps} steps x {FLAGS.prompts} prompts x {FLAGS.group} responses, "
     f"{FLAGS.max_new_tokens} new tokens, lr {FLAGS.lr}"
-    + (f", LoRA rank {FLAGS.lora}" if FLAGS.lora else ", full fine-tuning"),
+    + (
+      f", LoRA rank {FLAGS.lora} ({FLAGS.lora_push} pushed)" if FLAGS.lora else ", full fine-tuning"
+    ),
     flush=True,
   )
   results = {}
