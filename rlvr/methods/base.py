@@ -16,9 +16,9 @@ import types
 from typing import Any, Mapping, Sequence
 
 from rlvr.data.stream import DataStream
-from rlvr.rollout import Group, Prompt, StepEnv
+from rlvr.rollout import Group, Prompt, StepContext
 
-__all__ = ["Group", "Method", "Prompt", "PromptPool", "StepEnv"]
+__all__ = ["Group", "Method", "Prompt", "PromptPool", "StepContext"]
 
 
 class Method(abc.ABC):
@@ -35,7 +35,7 @@ class Method(abc.ABC):
   # curriculum's depth switches); "" marks nothing
 
   @abc.abstractmethod
-  def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, env: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
     """The scored groups of one update (may be empty: the update is skipped) + metrics.
 
     The rollouts the step's metrics describe go to `env.report_rollouts`

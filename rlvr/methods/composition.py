@@ -22,7 +22,7 @@ import numpy as np
 from rlvr import rollout
 from rlvr.common import settings
 from rlvr.common.panel import Panel
-from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
+from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepContext
 from rlvr.rollout import stats
 from synthesis.composition import Curriculum, CurriculumConfig
 
@@ -65,7 +65,7 @@ class Composition(Method):
     self.pools = {d: PromptPool(by_depth[d], seed + d) for d in curriculum.depths}
     self.curriculum = Curriculum(curriculum)
 
-  def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, env: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
     depth = self.curriculum.depth
     kept, sampled, _ = rollout.gather_groups(env, self.pools[depth].draw, step)
     solve_all = stats.group_stats(np.stack([g.correct for g in sampled]))["solve_all"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rlvr import rollout
-from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
+from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepContext
 
 
 class Plain(Method):
@@ -16,7 +16,7 @@ class Plain(Method):
   def __init__(self, train: Sequence[Prompt], seed: int):
     self.pool = PromptPool(train, seed)
 
-  def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, env: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
     kept, _, _ = rollout.gather_groups(env, self.pool.draw, step)
     return kept, {}
 

@@ -37,7 +37,7 @@ import numpy as np
 from rlvr import rollout
 from rlvr.common import settings
 from rlvr.common.panel import Panel
-from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepEnv
+from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepContext
 from rlvr.methods.qbq_store import RoundStore, as_variant
 from rlvr.methods.qbq_teachers import Complete, llm_variants, procedural_variants, server_teacher
 from rlvr.sampling.types import SamplingParams
@@ -135,7 +135,9 @@ class QbQ(Method):
     self.round_metrics: dict[str, float] = {}
 
   # ---------------------------------------------------------------- stages
-  def _counts(self, env: StepEnv, items: Sequence[qbq.Variant], t: int, salt: int) -> list[dict]:
+  def _counts(
+    self, env: StepContext, items: Sequence[qbq.Variant], t: int, salt: int
+  ) -> list[dict]:
     """Solve counts n of k scoring samples; prompts over max_prompt_len get n = None."""
     c = self.cfg
     prompts = [env.prompt(v.problem, v.answer, f"qbq-r{t}") for v in items]
@@ -152,13 +154,13 @@ class QbQ(Method):
     # Correctness only: no shaping terms, so a step's shaping metrics describe its update's
     # rollouts whether or not this stage ran in it (a resumed run may load it instead).
     kept = [p for p, ok in zip(prompts, fits) if ok]
-    groups = iter(rollout.rollout(env.solve, env.score, kept, sp) if kept else [])
+    groups = iter(rollout.sample_and_score(env.solve, env.score, kept, sp) if kept else [])
     return [
       dict(dataclasses.asdict(v), n=int(next(groups).correct.sum()) if ok else None)
       for v, ok in zip(items, fits)
     ]
 
-  def _teach(self, env: StepEnv, seeds: Sequence[qbq.Variant], t: int) -> list[dict]:
+  def _teach(self, env: StepContext, seeds: Sequence[qbq.Variant], t: int) -> list[dict]:
     c = self.cfg
     if c.teacher == "procedural":
       rows = procedural_variants(seeds, c.operators_per_seed, salt=str(t))
@@ -181,7 +183,7 @@ class QbQ(Method):
           seen.append(r["problem"])
     return rows
 
-  def _policy_complete(self, env: StepEnv, t: int) -> Complete:
+  def _policy_complete(self, env: StepContext, t: int) -> Complete:
     c = self.cfg
     sp = SamplingParams(
       n=1,
@@ -196,7 +198,7 @@ class QbQ(Method):
     """The training pool as lineage roots "pool-<i>"."""
     return [qbq.Variant(f"pool-{i}", "", "", p.text, p.answer) for i, p in enumerate(self.train)]
 
-  def _pool_seeds(self, env: StepEnv) -> list[qbq.Variant]:
+  def _pool_seeds(self, env: StepContext) -> list[qbq.Variant]:
     """S_0: the band of pi_0 over the training pool, `initial_seeds` drawn in a seeded order."""
     scored = self.store.stage(
       0, "pool_scores.jsonl", lambda: self._counts(env, self._pool_variants(), 0, 1)
@@ -210,7 +212,7 @@ class QbQ(Method):
     take = self.cfg.initial_seeds or len(band)
     return [band[i] for i in sorted(order[:take])]
 
-  def _next_seeds(self, env: StepEnv, t: int) -> list[dict]:
+  def _next_seeds(self, env: StepContext, t: int) -> list[dict]:
     if t == 0:
       return [dataclasses.asdict(s) for s in self._pool_seeds(env)]
     selected = [as_variant(r) for r in self.store.read(t - 1, "selection.jsonl")]
@@ -223,7 +225,7 @@ class QbQ(Method):
       return self.store.read(t - 1, "seeds.jsonl")
     return [dataclasses.asdict(s) for s in seeds]
 
-  def _prepare_round(self, env: StepEnv, t: int) -> list[Prompt]:
+  def _prepare_round(self, env: StepContext, t: int) -> list[Prompt]:
     """Runs (or reloads) the stages of round t; returns R_t as prompts."""
     c = self.cfg
     seeds = [
@@ -269,7 +271,7 @@ class QbQ(Method):
       env.prompt(selection[i]["problem"], str(selection[i]["answer"]), f"qbq-r{t}") for i in order
     ]
 
-  def _replayed(self, env: StepEnv) -> list[Prompt]:
+  def _replayed(self, env: StepContext) -> list[Prompt]:
     """shuffled: every round's selection of the curriculum run at replay_from, one pass."""
     rows = RoundStore(self.cfg.replay_from).selections()
     if not rows:
@@ -281,7 +283,7 @@ class QbQ(Method):
     self.round_metrics = {"qbq_selected": len(rows)}
     return [env.prompt(rows[i]["problem"], str(rows[i]["answer"]), "qbq-replay") for i in order]
 
-  def _static_pool(self, env: StepEnv) -> PromptPool:
+  def _static_pool(self, env: StepContext) -> PromptPool:
     """static: originals plus variants of every pool problem, made once by the teacher."""
     made = self.store.stage(0, "variants.jsonl", lambda: self._teach(env, self._pool_variants(), 0))
     extra = [
@@ -293,7 +295,7 @@ class QbQ(Method):
     return PromptPool(self.train + extra, self.seed)
 
   # ---------------------------------------------------------------- the seam
-  def _ensure(self, env: StepEnv, t: int) -> bool:
+  def _ensure(self, env: StepContext, t: int) -> bool:
     """Prepares what step t's round draws from; True when a new round starts here."""
     if self.cfg.schedule == "static":
       if self.pool is None:
@@ -316,7 +318,7 @@ class QbQ(Method):
     """A fresh optimizer at the start of every round after the first (paper C.2)."""
     return self.cfg.schedule == "curriculum" and step > 0 and step % self.cfg.steps_per_round == 0
 
-  def buffer(self, env: StepEnv, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, env: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
     t = step // self.cfg.steps_per_round
     start = self._ensure(env, t)
     k = env.rl.prompts_per_step
@@ -328,7 +330,9 @@ class QbQ(Method):
         min(self.pos + k, len(self.problems)),
       )
     m = dict(self.round_metrics, qbq_round=t, qbq_round_start=int(start))
-    groups = env.rollout(batch, env.rl.sampling_params(rollout.step_seed(self.seed, step, 0)))
+    groups = env.sample_and_score(
+      batch, env.rl.sampling_params(rollout.step_seed(self.seed, step, 0))
+    )
     if groups:
       env.report_rollouts(groups, groups, 1)
     return groups, m

@@ -2,18 +2,19 @@
 
 `rl_step` (`step.py`) is one step of any method: the buffer the method builds, its
 rollout metrics, the update, the weight push, the timings. A method builds its buffer
-through a `StepEnv` (`env.py`: sampler, scorer, encoders, `rollout`, `step_seed`) from
+through a `StepContext` (`context.py`: sampler, scorer, encoders, `sample_and_score`,
+`step_seed`) from
 `Prompt`s into scored `Group`s (`types.py`), plain GRPO by dynamic sampling
-(`dynamic_sampling.py`: `gather_groups`, `NoSignalError`); `Rollouts` (`buffer.py`) says
+(`dynamic_sampling.py`: `gather_groups`, `NoSignalError`); `Buffers` (`buffer.py`) says
 when each step's `Buffer` is built. `RLConfig` (`config.py`) is the config section
 `rl.loop`. `buffer_file.py` keeps a buffer built ahead with a checkpoint; `stats.py` holds
 pass@k and the solve rates of groups.
 """
 
-from rlvr.rollout.buffer import Buffer, Rollouts, build_buffer
+from rlvr.rollout.buffer import Buffer, Buffers, build_buffer
 from rlvr.rollout.config import RLConfig
+from rlvr.rollout.context import StepContext, sample_and_score, step_seed
 from rlvr.rollout.dynamic_sampling import NoSignalError, gather_groups, no_signal_fix
-from rlvr.rollout.env import StepEnv, rollout, step_seed
 from rlvr.rollout.step import rl_step
 from rlvr.rollout.types import Group, Prompt
 
@@ -23,12 +24,12 @@ __all__ = [
   "NoSignalError",
   "Prompt",
   "RLConfig",
-  "Rollouts",
-  "StepEnv",
+  "Buffers",
+  "StepContext",
   "build_buffer",
   "gather_groups",
   "no_signal_fix",
   "rl_step",
-  "rollout",
+  "sample_and_score",
   "step_seed",
 ]

@@ -1,5 +1,5 @@
 """When and how a step's buffer is built: `Buffer` (one update's groups with the metrics
-of building them), `build_buffer`, `staleness_metrics`, and `Rollouts`, which builds each
+of building them), `build_buffer`, `staleness_metrics`, and `Buffers`, which builds each
 step's buffer at the start of the step (`max_staleness` 0) or one step ahead, from the
 weights the sampler holds while the previous update runs (`max_staleness` 1, one-step
 off-policy), in a worker thread when the sampler runs apart from the learner.
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from rlvr.rollout.context import RolloutStats, StepContext
 from rlvr.rollout.dynamic_sampling import rollout_metrics
-from rlvr.rollout.env import RolloutStats, StepEnv
 from rlvr.rollout.types import Group
 
 
@@ -38,7 +38,7 @@ class Buffer:
   stats: RolloutStats = dataclasses.field(default_factory=RolloutStats)
 
 
-def build_buffer(method, env: StepEnv, step: int, version: int) -> Buffer:
+def build_buffer(method, env: StepContext, step: int, version: int) -> Buffer:
   """method.buffer(env, step) on a fork of env, with its rollout metrics and stats."""
   env = env.fork()
   t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def staleness_metrics(buf: Buffer) -> dict[str, float]:
   return {"staleness_mean": float(np.mean(ages)), "staleness_max": int(max(ages))}
 
 
-class Rollouts:
+class Buffers:
   """Where each step's buffer comes from, in step order.
 
   max_staleness 0: built when the step takes it, from the weights the step updates.
@@ -80,7 +80,9 @@ class Rollouts:
   between steps nothing is in flight and `pending` is what a checkpoint saves.
   """
 
-  def __init__(self, method, env: StepEnv, *, overlap: bool = True, last_step: int | None = None):
+  def __init__(
+    self, method, env: StepContext, *, overlap: bool = True, last_step: int | None = None
+  ):
     self.method, self.env = method, env
     self.ahead = env.rl.max_staleness == 1
     self.overlap, self.last_step = overlap, last_step

@@ -1,4 +1,4 @@
-"""A buffer built ahead (`buffer.Rollouts`, max_staleness 1), kept with the checkpoint.
+"""A buffer built ahead (`buffer.Buffers`, max_staleness 1), kept with the checkpoint.
 
 A one-step off-policy run checkpoints after step t holding step t+1's buffer,
 sampled from weights the checkpoint no longer has; resuming must use that exact

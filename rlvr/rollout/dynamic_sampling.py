@@ -11,7 +11,7 @@ import numpy as np
 from rlvr.envs.episode_metrics import episode_metrics
 from rlvr.rollout import stats
 from rlvr.rollout.config import RLConfig
-from rlvr.rollout.env import StepEnv, step_seed
+from rlvr.rollout.context import StepContext, step_seed
 from rlvr.rollout.types import Group, Prompt
 
 
@@ -30,11 +30,11 @@ def no_signal_fix(solve_all: float, solve_none: float) -> str:
   return "the problems are too easy for the policy: give harder ones"
 
 
-def gather_groups(env: StepEnv, draw: Callable[[int], list[Prompt]], step: int):
-  """Rollouts until `prompts_per_step` usable groups (or the round budget) are reached.
+def gather_groups(env: StepContext, draw: Callable[[int], list[Prompt]], step: int):
+  """Buffers until `prompts_per_step` usable groups (or the round budget) are reached.
 
   Returns (kept groups, all sampled groups, rounds used), also reported to env
-  (`StepEnv.report_rollouts`). Raises NoSignalError when dynamic sampling found no
+  (`StepContext.report_rollouts`). Raises NoSignalError when dynamic sampling found no
   mixed group at all within the budget.
   """
   cfg = env.rl
@@ -43,7 +43,9 @@ def gather_groups(env: StepEnv, draw: Callable[[int], list[Prompt]], step: int):
   for round_ in range(cfg.max_extra_rounds + 1):
     missing = need - len(kept)
     count = need if round_ == 0 else int(np.ceil(missing * cfg.oversample))
-    groups = env.rollout(draw(count), cfg.sampling_params(step_seed(cfg.seed, step, round_)))
+    groups = env.sample_and_score(
+      draw(count), cfg.sampling_params(step_seed(cfg.seed, step, round_))
+    )
     if not groups:
       continue
     sampled += groups

@@ -1,13 +1,13 @@
 """The step every RL method shares, as its phases in order.
 
     buffer   the method draws prompts, generates and scores them into groups
-             (`Method.buffer` through a `StepEnv`; dynamic sampling for plain GRPO)
+             (`Method.buffer` through a `StepContext`; dynamic sampling for plain GRPO)
     update   advantages over the whole buffer, mini-batches packed into rows, optimizer
              step(s) (`Learner.update`)
     sync     the new weights pushed to the sampler (`Sampler.update_weights`)
     samples  the responses of the buffer written, on the steps they are due
 
-`Rollouts` (`rlvr/rollout/buffer.py`) decides when a step's buffer is built: at the start
+`Buffers` (`rlvr/rollout/buffer.py`) decides when a step's buffer is built: at the start
 of the step (`max_staleness` 0, strict alternation), or one step ahead, from the weights
 the sampler holds while the previous update runs (`max_staleness` 1, one-step
 off-policy), in a worker thread when the sampler runs apart from the learner. The run
@@ -19,29 +19,29 @@ from __future__ import annotations
 
 import time
 
-from rlvr.rollout.buffer import Buffer, Rollouts, staleness_metrics
-from rlvr.rollout.env import StepEnv
+from rlvr.rollout.buffer import Buffer, Buffers, staleness_metrics
+from rlvr.rollout.context import StepContext
 
 
 def rl_step(
   learner,
   method,
-  env: StepEnv,
+  env: StepContext,
   step: int,
-  rollouts: Rollouts | None = None,
+  buffers: Buffers | None = None,
   samples=None,
 ) -> dict:
   """One RL step of any method (`rlvr.methods.base.Method`) on a `learner.Learner`, whose
   state it advances; returns the step's metrics.
 
-  rollouts: when the buffers are built (`Rollouts`; default: strict alternation).
+  buffers: when the buffers are built (`Buffers`; default: strict alternation).
   samples: a `samples_log.SamplesLog`; on the steps it is due, it writes the responses of
   the step's buffer (after the step's timings are taken).
   The sampler gets the new weights at version step + 1, also when the buffer is
   empty and the update is skipped. Where `method.resets_optimizer(step)`, that
   step's update starts from fresh optimizer moments (QbQ: every round).
 
-  The metrics describe the buffer the update used (rollouts, its build's
+  The metrics describe the buffer the update used (its rollouts, its build's
   time_sample / time_score / time_buffer, staleness) and the step's wall time:
   time_update, time_sync, time_step, time_learner_idle (the step's time outside the
   update), time_sampler_idle (outside generate calls), overlap_frac (the share of the
@@ -49,32 +49,32 @@ def rl_step(
   generated during the step per second).
   """
   clock = {"start": time.perf_counter()}
-  own = rollouts is None
-  rollouts = rollouts if rollouts is not None else Rollouts(method, env, overlap=False)
+  own = buffers is None
+  buffers = buffers if buffers is not None else Buffers(method, env, overlap=False)
 
-  buf = rollouts.take(step)  # buffer
+  buf = buffers.take(step)  # buffer
   m = {**buf.metrics, **staleness_metrics(buf)}
   if method.resets_optimizer(step):
     learner.reset_optimizer()
     m["optimizer_reset"] = 1
-  rollouts.start_ahead(step)  # the next step's buffer, with max_staleness 1
+  buffers.start_ahead(step)  # the next step's buffer, with max_staleness 1
 
   clock["update"] = time.perf_counter()  # update
   if buf.groups:
     m.update(learner.update(buf.groups, step))
   clock["update_end"] = time.perf_counter()
-  rollouts.finish_ahead()
+  buffers.finish_ahead()
 
   clock["sync"] = time.perf_counter()  # sync
   env.sampler.update_weights(learner.weights(), version=step + 1)
   clock["end"] = time.perf_counter()
   if own:
-    rollouts.close()
+    buffers.close()
 
   if samples is not None and samples.due(step):  # samples
     samples.write(step, buf.groups, buf.stats.sampled)
   m["skipped_update"] = int(not buf.groups)
-  m.update(_timings(clock, rollouts.built))
+  m.update(_timings(clock, buffers.built))
   return m
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from rlvr import envs
 from rlvr.common import fileio
-from rlvr.rollout import Group, Prompt, rollout, stats
+from rlvr.rollout import Group, Prompt, sample_and_score, stats
 from rlvr.sampling.types import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def evaluate_set(
   `score_fn(texts, golds, prompts=None)` returns (rewards, correct) or (rewards, correct,
   notes), a verifier's `judge`: the notes go into the samples file with their responses.
 
-  Each batch of prompts is one `rlvr.rollout.rollout`, as in training (episodes: those of
+  Each batch of prompts is one `rlvr.rollout.sample_and_score`, as in training (episodes: those of
   the run's multi-turn environment, `rlvr.envs`). With the
   model's `context` (max positions), prompts that cannot fit prompt + max_tokens
   are skipped and counted (`fitting`). With `samples_path`, every response is written
@@ -169,7 +169,7 @@ def evaluate_set(
           seed=seed * 100_003 + start,
         )
         notes: list[dict] = []
-        groups = rollout(
+        groups = sample_and_score(
           functools.partial(envs.solve, sampler.generate, episodes),
           _keeping(score_fn, notes),
           prompts[start : start + cfg.batch_prompts],

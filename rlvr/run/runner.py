@@ -202,7 +202,7 @@ def train(
   policy: learner.Learner,
   mngr,
   method,
-  env: rollout.StepEnv,
+  env: rollout.StepContext,
   eval_score,
   meta=None,
   export=None,
@@ -221,10 +221,8 @@ def train(
   c = run.cfg
   start = int(meta["step"]) if meta is not None else 0
   ahead_dir = os.path.join(run.workdir, "checkpoints_ahead")
-  rollouts = rollout.Rollouts(
-    method, env, overlap=env.sampler.overlaps_update, last_step=c.rl.steps
-  )
-  if rollouts.ahead and not rollouts.overlap:
+  buffers = rollout.Buffers(method, env, overlap=env.sampler.overlaps_update, last_step=c.rl.steps)
+  if buffers.ahead and not buffers.overlap:
     print(
       "rl.loop.max_staleness=1: the in-process sampler shares the learner's devices, so "
       "each buffer is built one update behind but before that update, not during it "
@@ -232,7 +230,7 @@ def train(
       flush=True,
     )
   if meta is not None and meta.get("ahead_step") is not None:
-    rollouts.pending = buffer_file.load(ahead_dir, int(meta["ahead_step"]))
+    buffers.pending = buffer_file.load(ahead_dir, int(meta["ahead_step"]))
   writer = metrics_lib.MetricsWriter(
     run.workdir,
     resume_step=start,
@@ -250,7 +248,7 @@ def train(
   )
 
   def save(step):
-    ahead = rollouts.pending
+    ahead = buffers.pending
     if ahead is not None and distributed.is_writer():
       buffer_file.save(ahead_dir, ahead)
     extra = {"ahead_step": ahead.step if ahead is not None else None}
@@ -272,7 +270,7 @@ def train(
   with interrupt.GracefulStop("RL") as stop:
     try:
       for step in bar:
-        m = rollout.rl_step(policy, method, env, step, rollouts, samples)
+        m = rollout.rl_step(policy, method, env, step, buffers, samples)
         skipped += m.get("skipped_update", 0)
         solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
         if c.eval.every and (step + 1) % c.eval.every == 0:
@@ -298,7 +296,7 @@ def train(
             f"after RL step {step + 1} of {c.rl.steps} (checkpoint under {run.workdir}/checkpoints)"
           )
     finally:
-      rollouts.close()
+      buffers.close()
   writer.close()
   if start < c.rl.steps and skipped == c.rl.steps - start:
     raise rollout.NoSignalError(no_update_message(solved, run.workdir))
@@ -420,7 +418,7 @@ def _run(cfg, checked, t_start: float) -> dict:
       r.save_progress()
     else:
       print(f"eval before RL: done before, reusing {r.workdir}/progress.json", flush=True)
-    env = rollout.StepEnv(
+    env = rollout.StepContext(
       sampler,
       score,
       rl=checked.rl_loop,

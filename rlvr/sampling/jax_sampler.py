@@ -192,7 +192,7 @@ class JaxSampler:
   """Samples from `params` in this process (CPU, or the devices of `mesh`)."""
 
   # it runs on the learner's devices: a buffer built ahead (rl.loop.max_staleness=1)
-  # is built before the update, not during it (`rollout.Rollouts`)
+  # is built before the update, not during it (`rollout.Buffers`)
   overlaps_update = False
 
   def __init__(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from echo_env import Echo
 from rules import even_length
-from step_env import step_env
+from step_context import step_context
 from transformers import AutoTokenizer
 
 from rlvr import envs, learner, model, objectives, rollout
@@ -88,8 +88,8 @@ def test_the_budgets_end_episodes_as_truncated(policy):
 def episode_groups(policy):
   """Scored groups of Echo episodes, as a method's rollout makes them."""
   _, _, tok, sampler = policy
-  env = step_env(sampler, even_length, tok, rl=RL, episodes=_episodes(tok))
-  return env.rollout(_prompts(tok), RL.sampling_params(seed=7))
+  env = step_context(sampler, even_length, tok, rl=RL, episodes=_episodes(tok))
+  return env.sample_and_score(_prompts(tok), RL.sampling_params(seed=7))
 
 
 def test_observations_are_outside_the_loss(policy, episode_groups, one_device_learner):
@@ -209,7 +209,7 @@ def test_every_method_steps_in_an_environment(policy, one_device_learner, name, 
   cfg, params, tok, sampler = policy
   enc = lambda text: tok.encode(text)
   rl = RLConfig(prompts_per_step=4, group_size=4, max_prompt_len=256, max_response_len=12)
-  env = step_env(sampler, even_length, tok, rl=rl, encode=enc, episodes=_episodes(tok))
+  env = step_context(sampler, even_length, tok, rl=rl, encode=enc, episodes=_episodes(tok))
   texts = [f"Compute {i}+{i + 3}." for i in range(24)]
   prompts = [Prompt(tuple(enc(t)), str(2 * i + 3), t, "composed-d1") for i, t in enumerate(texts)]
   lrn = one_device_learner(cfg, params, 1e-3, rl=rl, pad_id=tok.pad_token_id)

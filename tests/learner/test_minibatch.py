@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 from rules import even_length
-from step_env import step_env
+from step_context import step_context
 from transformers import AutoTokenizer
 
 from rlvr import learner, model
@@ -30,7 +30,7 @@ def rollout(tiny_dirs):
   """Eight mixed groups sampled from the tiny model, and what the learner needs."""
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
-  env = step_env(JaxSampler(cfg, params, tok), even_length, tok, rl=RL)
+  env = step_context(JaxSampler(cfg, params, tok), even_length, tok, rl=RL)
   prompts = [Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
   it = iter(prompts)
   kept, _, _ = gather_groups(env, lambda k: [next(it) for _ in range(k)], step=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from step_env import step_env
+from step_context import step_context
 from transformers import AutoTokenizer
 
 from rlvr import model, rollout
@@ -34,7 +34,7 @@ def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cf
   """One rl_step of the SvS method over `prompts` (drawn in a seeded shuffle)."""
   lrn = make_learner(cfg, params, lr, rl=rl, pad_id=tok.pad_token_id, **kw.pop("learner", {}))
   enc = lambda text: format_prompt(tok, text, "")
-  env = step_env(sampler, score_fn, tok, rl=rl, encode=enc, **kw.pop("env", {}))
+  env = step_context(sampler, score_fn, tok, rl=rl, encode=enc, **kw.pop("env", {}))
   samples = kw.pop("samples", None)
   method = svs_method.SvS(prompts, 0, svs_cfg, **kw)
   m = rollout.rl_step(lrn, method, env, 0, samples=samples)

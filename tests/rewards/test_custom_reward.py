@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tiny_run
 from paths import REPO
-from step_env import step_env
+from step_context import step_context
 
 from rlvr import rollout
 from rlvr.common import settings
@@ -229,7 +229,7 @@ def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
       env.score(texts[:3], golds[:3], PROBLEMS[:3])
       return [], {}
 
-  env = step_env(None, _verifier("some_not_numbers").score)
+  env = step_context(None, _verifier("some_not_numbers").score)
   m = rollout.build_buffer(Scoring(), env, step=0, version=0).metrics
   assert m["verdict_fn_not_finite"] == 5 and m["verdict_fn_wrong_length"] == 3
   assert m["verdict_scored"] == 3 and m["verdict_fn_raised"] == 0

@@ -6,7 +6,7 @@ Programs run in the real bubblewrap sandbox; math answers in a real RewardPool."
 from __future__ import annotations
 
 import pytest
-from step_env import step_env
+from step_context import step_context
 
 from rlvr import rollout
 from rlvr.rewards import RewardConfig, code
@@ -53,7 +53,7 @@ class _Scoring:
 
 
 def _step_metrics(score_fn, texts, golds) -> dict:
-  env = step_env(None, score_fn)
+  env = step_context(None, score_fn)
   return rollout.build_buffer(_Scoring(texts, golds), env, step=0, version=0).metrics
 
 

@@ -37,13 +37,13 @@ def _run(sampler, lrn, tok, rl, overlap, steps=3):
   lrn.shape, lrn.seed = rl.batch_shape, rl.seed
   lrn.pad_id = tok.pad_token_id
   method = plain.Plain(PROMPTS, seed=0)
-  rollouts = rollout.Rollouts(method, env, overlap=overlap, last_step=steps)
+  buffers = rollout.Buffers(method, env, overlap=overlap, last_step=steps)
   rows = []
   try:
     for step in range(steps):
-      rows.append(rollout.rl_step(lrn, method, env, step, rollouts=rollouts))
+      rows.append(rollout.rl_step(lrn, method, env, step, buffers=buffers))
   finally:
-    rollouts.close()
+    buffers.close()
   return lrn.state, rows
 
 

@@ -19,7 +19,7 @@ import run_output
 import tiny_run
 from paths import REPO
 from rules import even_length
-from step_env import step_env
+from step_context import step_context
 from transformers import AutoTokenizer
 
 from rlvr import learner, model, rollout
@@ -59,7 +59,7 @@ def _draw():
 
 
 def _env(sampler, tok, score_fn):
-  return step_env(sampler, score_fn, tok, rl=RL)
+  return step_context(sampler, score_fn, tok, rl=RL)
 
 
 def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):

@@ -1,6 +1,6 @@
-"""What a method may use inside one step (`StepEnv`: sampler, scorer, encoders, reward
+"""What a method may use inside one step (`StepContext`: sampler, scorer, encoders, reward
 shaping), what its calls cost and met (`RolloutStats`), the scored rollout of a batch of
-prompts (`rollout`) and the sampling seed of a generation round (`step_seed`)."""
+prompts (`sample_and_score`) and the sampling seed of a generation round (`step_seed`)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,18 @@ from rlvr.sampling.types import Completion, Sampler, SamplingParams
 # (texts, golds, prompts=None) -> (rewards, correct): prompts, the problem statement of each text
 ScoreFn = Callable[..., tuple[np.ndarray, np.ndarray]]
 GenerateFn = Callable[[list[Sequence[int]], SamplingParams], list[list[Completion]]]
-# (prompts, params) -> params.n completions (or episodes) per prompt: `StepEnv.solve`
+# (prompts, params) -> params.n completions (or episodes) per prompt: `StepContext.solve`
 SolveFn = Callable[[Sequence[Prompt], SamplingParams], list[list[Completion]]]
 
 
-def rollout(
+def sample_and_score(
   solve: SolveFn,
   score_fn: ScoreFn,
   prompts: Sequence[Prompt],
   sp: SamplingParams,
   shape: Callable | None = None,
 ) -> list[Group]:
-  """Samples sp.n responses (or episodes: `StepEnv.solve`) per prompt and scores them.
+  """Samples sp.n responses (or episodes: `StepContext.solve`) per prompt and scores them.
 
   The scorer gets the text each response's policy wrote (`Completion.answer_text`: an
   episode's observations left out) and its problem statement (`Prompt.text`) as `prompts`.
@@ -55,14 +55,14 @@ def step_seed(seed: int, step: int, round_: int) -> int:
 
 @dataclasses.dataclass
 class RolloutStats:
-  """What one buffer's build cost and met, counted as its calls go through a `StepEnv`.
+  """What one buffer's build cost and met, counted as its calls go through a `StepContext`.
 
   time_sample / time_score: seconds in the sampler's generate and in the scorer;
   generated_tokens: tokens the generate calls produced (a timing: a resumed method may reuse
   stored work); prompts_too_long: prompts dropped for rl.max_prompt_len; shaping_sums /
   shaped: the shaping terms summed over the shaped responses; verdicts: responses per
   verifier verdict; reward_values: a verifier's named values, per response; reported: the
-  groups the step's rollout metrics describe (`StepEnv.report_rollouts`).
+  groups the step's rollout metrics describe (`StepContext.report_rollouts`).
   """
 
   time_sample: float = 0.0
@@ -92,12 +92,12 @@ class RolloutStats:
     }
 
 
-class StepEnv:
+class StepContext:
   """What a method may use inside one step: sampler, scorer, encoders, the RL config.
 
   `generate` and `score` go through here so that `stats` (`RolloutStats`) times them
   and counts what they produce; `complete` is the text-in / text-out call that
-  synthesis functions take. Rollouts add the `shaping` terms to the
+  synthesis functions take. Buffers add the `shaping` terms to the
   verifier's reward (`well_formed(text)` decides the format bonus).
   `answer_of` is a task's exact answer of a problem text (procedural tasks
   only): diagnostics, never a training signal.
@@ -129,10 +129,10 @@ class StepEnv:
   def reset(self) -> None:
     self.stats = RolloutStats()
 
-  def fork(self) -> "StepEnv":
+  def fork(self) -> "StepContext":
     """The same sampler, scorer and encoders with `stats` of its own: one per buffer, so a
     buffer built ahead in a worker thread counts only its own calls."""
-    env = object.__new__(StepEnv)
+    env = object.__new__(StepContext)
     env.__dict__.update(self.__dict__)
     env.reset()
     return env
@@ -173,12 +173,12 @@ class StepEnv:
     self.stats.prompts_too_long += len(prompts) - len(kept)
     return kept
 
-  def rollout(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[Group]:
+  def sample_and_score(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[Group]:
     """Groups of the prompts that fit (see `fits`), scored."""
     prompts = self.fits(prompts)
     if not prompts:
       return []
-    return rollout(
+    return sample_and_score(
       self.solve,
       self.score,
       prompts,
