@@ -102,7 +102,7 @@ def _written_when_done(path: str | None):
 
 
 def _keeping(score_fn: Callable, notes: list) -> Callable:
-  """`score_fn` as `rollout` calls it, (rewards, correct), its notes (if any) added to
+  """`score_fn` as `sample_and_score` calls it, (rewards, correct), its notes (if any) added to
   `notes` in response order."""
 
   def score(texts, golds, prompts=None):
