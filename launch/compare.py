@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from rlvr.run import compare
+from rlvr.report import compare
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("runs", [], "Work dirs of the runs to compare (comma-separated).")

@@ -1,4 +1,4 @@
-"""A plot panel a method declares (drawn by `rlvr.run.plots`): several series of one quantity."""
+"""A plot panel a method declares (drawn by `rlvr.report.plots`): several series of one quantity."""
 
 from __future__ import annotations
 

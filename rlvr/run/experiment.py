@@ -87,7 +87,7 @@ WANDB_MODES = ("online", "offline", "disabled")
 @dataclasses.dataclass(frozen=True)
 class LoggingConfig:
   """Where a run's metrics go besides metrics.jsonl, which is always written
-  (`rlvr.run.metrics.MetricsWriter`; docs/tracking.md)."""
+  (`rlvr.report.metrics.MetricsWriter`; docs/tracking.md)."""
 
   tensorboard: bool = True  # TensorBoard event files under workdir/tensorboard
   wandb: bool = False  # also log to Weights & Biases (pip install wandb)
@@ -242,7 +242,7 @@ def check(cfg) -> Settings:
         f"log-probs, packing); SFT does not read it, set rl.learner.{name}"
       )
   if s.logging.wandb and s.logging.wandb_mode != "disabled" and not _installed("wandb"):
-    raise ValueError(  # here, not after SFT; the text of rlvr.run.metrics.WANDB_MISSING
+    raise ValueError(  # here, not after SFT; the text of rlvr.report.metrics.WANDB_MISSING
       "logging.wandb: the wandb package is not installed; pip install wandb "
       "(or pip install -e '.[tracking]'), or leave logging.wandb False"
     )

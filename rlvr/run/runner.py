@@ -23,10 +23,11 @@ from rlvr import model as model_lib
 from rlvr.data import tokens
 from rlvr.model import lora as lora_lib
 from rlvr.parallel import distributed
+from rlvr.report import metrics as metrics_lib
+from rlvr.report import plots, samples_log
 from rlvr.rewards.verifiers import open_verifier
 from rlvr.rollout import buffer_file
-from rlvr.run import checkpoint, evaluation, experiment, interrupt, plots, samples_log, sft
-from rlvr.run import metrics as metrics_lib
+from rlvr.run import checkpoint, evaluation, experiment, interrupt, sft
 from rlvr.run import workdir as workdir_lib
 from rlvr.run.workdir import Run
 from rlvr.sampling import JaxSampler

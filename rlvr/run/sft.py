@@ -116,8 +116,8 @@ def train_sft(
   from rlvr import learner
   from rlvr import model as model_lib
   from rlvr.parallel import distributed
+  from rlvr.report import metrics as metrics_lib
   from rlvr.run import checkpoint, interrupt
-  from rlvr.run import metrics as metrics_lib
 
   out_dir = os.path.join(workdir, "model")
   if _verified(workdir, out_dir):

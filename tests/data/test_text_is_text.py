@@ -12,7 +12,8 @@ import tiny_run
 from rlvr import envs
 from rlvr.data import chat_templates, prompts, tokens
 from rlvr.model import tiny
-from rlvr.run import metrics, samples_log, sft
+from rlvr.report import metrics, samples_log
+from rlvr.run import sft
 from rlvr.sampling.types import Completion
 
 LLAMA3_TEMPLATE = (

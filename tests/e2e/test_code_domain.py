@@ -136,7 +136,8 @@ def _samples(path):
 
 def test_svs_on_code_paper_config_scaled_down_runs_two_steps(code_policy, code_files, tmp_path):
   from configs import cpu
-  from rlvr.run import experiment, metrics, runner
+  from rlvr.report import metrics
+  from rlvr.run import experiment, runner
 
   experiment.check(cpu.get_config("rlvr_primerl_qwen25_7b"))  # its RLVR baseline resolves
   c = cpu.get_config("svs_primerl_qwen25_7b")
@@ -163,7 +164,8 @@ def test_svs_on_code_paper_config_scaled_down_runs_two_steps(code_policy, code_f
 
 def test_tiny_code_runs_then_evaluates_on_humaneval(code_policy, tmp_path):
   from configs import tiny_code
-  from rlvr.run import metrics, runner
+  from rlvr.report import metrics
+  from rlvr.run import runner
 
   c = tiny_code.get_config()
   c.workdir = str(tmp_path / "tiny_code")

@@ -11,7 +11,8 @@ import os
 import pytest
 from paths import REPO
 
-from rlvr.run import metrics, runner
+from rlvr.report import metrics
+from rlvr.run import runner
 
 PAPER = sorted(
   f[:-3]

@@ -11,7 +11,7 @@ import pytest
 from paths import REPO
 from PIL import Image
 
-from rlvr.run import compare
+from rlvr.report import compare
 
 
 def _write_run(path, rows, summary=None, progress=None):

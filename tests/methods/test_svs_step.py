@@ -13,7 +13,7 @@ from rlvr import model, rollout
 from rlvr.data.prompts import format_prompt
 from rlvr.data.tasks import arithmetic
 from rlvr.methods import svs as svs_method
-from rlvr.run import metrics, samples_log
+from rlvr.report import metrics, samples_log
 from rlvr.sampling import JaxSampler
 from synthesis import svs
 

@@ -137,6 +137,7 @@ FOLDERS = {
     "rlvr.sandbox",
     "synthesis",
   ),
+  "rlvr.report": ("rlvr.common", "rlvr.envs"),
 }
 
 

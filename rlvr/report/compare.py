@@ -1,7 +1,7 @@
 """Several finished (or running) runs side by side: one PNG of their curves, one panel per
 metric with every run on it, and a table of each run's final figures.
 
-A run is its work dir: `metrics.jsonl` (one row per RL step, `rlvr.run.metrics.MetricsWriter`),
+A run is its work dir: `metrics.jsonl` (one row per RL step, `rlvr.report.metrics.MetricsWriter`),
 and the held-out evaluations before and after RL from `summary.json` (a finished run) or
 `progress.json` (a run still going, or stopped).
 """
@@ -15,7 +15,7 @@ import math
 import os
 from typing import Any, Iterable, Sequence
 
-from rlvr.run import plots
+from rlvr.report import plots
 
 # Held-out pass@1 of every eval set: before RL (step 0), each `eval.every` row, after RL.
 HELDOUT = "pass@1"

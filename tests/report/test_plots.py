@@ -10,7 +10,8 @@ import run_output
 from paths import REPO as ROOT
 
 from rlvr.methods import svs
-from rlvr.run import evaluation, plots
+from rlvr.report import plots
+from rlvr.run import evaluation
 
 
 def _rows(steps=20, every=0):

@@ -16,7 +16,7 @@ from tiny_run import RAW_PROMPTS_RUN
 from configs import tiny_rlvr
 from rlvr import rollout
 from rlvr.data import datasets
-from rlvr.run import metrics, samples_log
+from rlvr.report import metrics, samples_log
 from rlvr.sampling.types import Completion
 
 offline = test_tracking.offline  # wandb in offline mode (fixture)

@@ -18,7 +18,8 @@ from absl import flags
 from ml_collections import config_flags
 from paths import REPO
 
-from rlvr.run import experiment, metrics
+from rlvr.report import metrics
+from rlvr.run import experiment
 
 
 @pytest.fixture
