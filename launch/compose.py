@@ -8,7 +8,7 @@ r"""Composition-RL data: composed problems built by an assistant LLM behind a se
 The plan is drawn up front from --seed (docs/methods.md#depth-and-surrogate-pools), each
 chain composed by `synthesis.composition.compose` through the assistant; the
 plan, the resumable output files (OUT, OUT.rejected.jsonl, OUT.plan.json) and
-the yield funnel (OUT.report.json) are `rlvr.methods.composition_build`'s. Rerunning the same
+the yield funnel (OUT.report.json) are `rlvr.run.composition_build`'s. Rerunning the same
 command skips the ids already finished and composes the rest; a larger --n
 extends the same plan. --api_key (default: $VLLM_API_KEY) is sent as a bearer
 token, as `launch.serve_vllm --api_key` requires.
@@ -21,7 +21,7 @@ import sys
 
 from absl import app, flags
 
-from rlvr.methods import composition_build as compose_run
+from rlvr.run import composition_build as compose_run
 from rlvr.sampling.assistant import Assistant
 from rlvr.sampling.http import API_KEY_ENV, short_error
 

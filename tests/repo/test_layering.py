@@ -196,7 +196,7 @@ def test_a_folder_imports_only_the_folders_below_it(folder):
     ("rlvr.learner.packing", ("rlvr.objectives",)),
     ("rlvr.learner.ppo", ("rlvr.objectives", "rlvr.learner", "rlvr.learner.packing")),
     (
-      "rlvr.methods.composition_build",
+      "rlvr.run.composition_build",
       ("rlvr.data.readers", "rlvr.sampling.assistant", "synthesis"),
     ),
     ("rlvr.methods.qbq_store", ("rlvr.parallel.distributed", "rlvr.common.fileio", "synthesis")),
@@ -254,7 +254,7 @@ def test_only_launch_runs_a_composition_build():
   bad = {
     m
     for m, deps in GRAPH.items()
-    if "rlvr.methods.composition_build" in deps and not m.startswith("launch")
+    if "rlvr.run.composition_build" in deps and not m.startswith("launch")
   }
   assert not bad, bad
 

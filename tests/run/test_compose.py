@@ -1,4 +1,4 @@
-"""The Composition-RL dataset build (`rlvr.methods.composition_build`, CLI `launch.compose`): plan, resume
+"""The Composition-RL dataset build (`rlvr.run.composition_build`, CLI `launch.compose`): plan, resume
 bookkeeping, rows, and end-to-end runs against the real vLLM test server (its tiny model's
 garbage is rejected)."""
 
@@ -17,7 +17,7 @@ from paths import REPO
 from test_composition import Q1, Q2, Q3, generic_assistant
 
 from rlvr.data.readers import read_dataset
-from rlvr.methods import composition_build as cr
+from rlvr.run import composition_build as cr
 from rlvr.sampling.assistant import Assistant, AssistantError
 from synthesis import composition as comp
 from synthesis import numbers
