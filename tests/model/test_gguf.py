@@ -441,6 +441,8 @@ def test_one_svs_step_of_the_real_job(smollm2, tmp_path):
     "--config.data.arithmetic.n_sft=32",  # enough SFT for mixed groups
     "--config.sft.steps=8",
     "--config.sft.batch_size=8",
+    # warmup, then the peak rate: a cosine over only 8 steps would end SFT at rate 0
+    "--config.sft.learner.lr_schedule=constant",
     "--config.rl.loop.prompts_per_step=4",
     "--config.rl.loop.group_size=4",
     "--config.sampler.kind=jax",

@@ -263,7 +263,9 @@ def test_a_batch_of_busy_loops_ends_within_its_wall_bound():
   start = time.monotonic()
   result = code.score(["while True:\n  pass\n"] * 8, [DOUBLE] * 8, cfg)
   elapsed = time.monotonic() - start
-  assert [v.reason for v in result.verdicts] == ["timeout"] * 8
+  assert [v.reason for v in result.verdicts] == ["timeout"] * 8, [
+    (v.reason, v.detail) for v in result.verdicts
+  ]
   assert [v.passed for v in result.verdicts] == [0] * 8
   assert elapsed < 3 * (2 * LIMITS.wall_s + NEXT_S), elapsed
 
