@@ -25,10 +25,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_configs import CONFIGS, model_flops_per_token  # noqa: E402
+from model_configs import CONFIGS, matmul_peak, model_flops_per_token  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("model", "27m", ["27m", "moe", "1.5b"], "Config to benchmark.")
+flags.DEFINE_enum("model", "27m", ["27m", "moe", "1.5b", "smollm2"], "Config to benchmark.")
 flags.DEFINE_integer("batch", 8, "Rows per update.")
 flags.DEFINE_integer("seq", 512, "Tokens per row.")
 flags.DEFINE_integer("steps", 3, "Timed steps (after one warm-up step).")
@@ -56,28 +56,6 @@ flags.DEFINE_bool(
   "off by default).",
 )
 ONEDNN_XLA_FLAGS = "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot"
-
-
-def matmul_peak(dtype) -> float:
-  """Best FLOP/s of jitted square matmuls over several sizes and repeats, random inputs,
-  f32 accumulation: an upper bound for what the step's matmuls can reach in this process,
-  right now."""
-  import jax
-  import jax.numpy as jnp
-
-  sizes = (512, 1024, 2048, 3072) if jax.default_backend() == "cpu" else (4096, 8192, 16384)
-  best = 0.0
-  for n in sizes:
-    a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
-    # f32 accumulation: in bf16 it is XLA's fast CPU kernel (AMX / AVX512-BF16, what the
-    # learner's matmuls use); a bf16-output dot runs ~4x slower and would understate the peak.
-    f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
-    f(a, b).block_until_ready()
-    for _ in range(10):
-      t = time.perf_counter()
-      f(a, b).block_until_ready()
-      best = max(best, 2 * n**3 / (time.perf_counter() - t))
-  return best
 
 
 def make_batch(cfg, batch, seq):

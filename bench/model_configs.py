@@ -1,4 +1,7 @@
-"""Model configs shared by the benchmarks (random weights; nothing downloaded)."""
+"""Model configs shared by the benchmarks (random weights; nothing downloaded), their model
+FLOPs, and the matmul peak that model-FLOPs utilisation is measured against."""
+
+import time
 
 CONFIGS = {
   # 27M-parameter Qwen2: the CPU benchmark size of bench/learner.py and bench/sampling.py.
@@ -14,6 +17,20 @@ CONFIGS = {
     tie_word_embeddings=True,
     rope_theta=10000.0,
     rms_norm_eps=1e-6,
+  ),
+  # SmolLM2-135M-Instruct's shapes (the real job of configs/smollm2_arith.py and the TRL race).
+  "smollm2": dict(
+    family="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
   ),
   # Qwen2.5-1.5B shapes, for accelerator runs.
   "1.5b": dict(
@@ -41,6 +58,28 @@ def model_flops_per_token(cfg, seq: int) -> float:
   moe_w = d * cfg.num_experts + 3 * d * cfg.moe_intermediate_size * cfg.num_experts_per_tok
   dense = l * attn_w + (l - sparse) * 3 * d * f + sparse * moe_w + d * cfg.vocab_size
   return 6 * dense + 12 * l * seq * cfg.num_heads * cfg.head_dim
+
+
+def matmul_peak(dtype) -> float:
+  """Best FLOP/s of jitted square matmuls over several sizes and repeats, random inputs,
+  f32 accumulation: an upper bound for what the step's matmuls can reach in this process,
+  right now."""
+  import jax
+  import jax.numpy as jnp
+
+  sizes = (512, 1024, 2048, 3072) if jax.default_backend() == "cpu" else (4096, 8192, 16384)
+  best = 0.0
+  for n in sizes:
+    a, b = (jax.random.normal(jax.random.key(i), (n, n), dtype) for i in (0, 1))
+    # f32 accumulation: in bf16 it is XLA's fast CPU kernel (AMX / AVX512-BF16, what the
+    # learner's matmuls use); a bf16-output dot runs ~4x slower and would understate the peak.
+    f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
+    f(a, b).block_until_ready()
+    for _ in range(10):
+      t = time.perf_counter()
+      f(a, b).block_until_ready()
+      best = max(best, 2 * n**3 / (time.perf_counter() - t))
+  return best
 
 
 # An 85M-parameter Qwen3-MoE of the 27M model's shapes (about 28M active: 16 experts, 4 per

@@ -57,7 +57,7 @@ def _model_config(cfg):
   if key == "config":
     from rlvr.run import workdir
 
-    path = workdir.prepare_model(cfg)
+    path = workdir.prepare_model(cfg.model)
     return ModelConfig.from_hf(path), path
   if key not in PAPER_MODELS:
     raise app.UsageError(f"--model: unknown {key!r}; expected one of {sorted(PAPER_MODELS)}")

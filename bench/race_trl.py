@@ -49,7 +49,20 @@ flags.DEFINE_enum(
   "With --lora, what rlvr pushes to its vLLM server each step: the adapters (vLLM applies "
   "them while it samples) or the weights with the adapters merged in.",
 )
+flags.DEFINE_enum(
+  "dtype",
+  "float32",
+  ["float32", "bfloat16"],
+  "The update's matmul dtype on both sides (weights and optimizer stay f32): ours "
+  "`rl.learner.compute_dtype`, TRL's `bf16=True` (torch autocast).",
+)
 flags.DEFINE_integer("seed", 0, "Problems and sampling seed.")
+flags.DEFINE_list(
+  "rlvr_set",
+  [],
+  "More settings of rlvr's side, e.g. rl.learner.scan_layers=False (each becomes "
+  "--config.<setting>).",
+)
 flags.DEFINE_string("workdir", "/tmp/race_trl", "Scratch folder (cleared per side).")
 flags.DEFINE_enum("side", "both", ["both", "rlvr", "trl"], "Which sides to run.")
 flags.DEFINE_string("trl_python", os.path.join(ROOT, ".venvs/trl/bin/python"), "TRL's Python.")
@@ -97,6 +110,7 @@ def run_rlvr(model: str, problems: str, out: str) -> tuple[list[dict], float]:
     "--config.eval.sampling.n=1",
     f"--config.checkpoint.every={FLAGS.steps}",
     "--config.export_hf=False",
+    f"--config.rl.learner.compute_dtype={FLAGS.dtype}",
   ]
   if FLAGS.lora:
     sets += [
@@ -105,6 +119,7 @@ def run_rlvr(model: str, problems: str, out: str) -> tuple[list[dict], float]:
       "--config.rl.learner.lora.dropout=0.0",
       f"--config.sampler.lora_adapters={FLAGS.lora_push == 'adapters'}",
     ]
+  sets += [f"--config.{x}" for x in FLAGS.rlvr_set]
   cmd = ["/usr/bin/time", "-f", "PEAK_KB %M", sys.executable, "-m", "launch.train", *sets]
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
   if done.returncode:
@@ -140,6 +155,7 @@ def run_trl(model: str, problems: str, out: str) -> tuple[list[dict], float]:
     "lr": FLAGS.lr,
     "lora": FLAGS.lora,
     "seed": FLAGS.seed,
+    "bf16": FLAGS.dtype == "bfloat16",
   }
   worker = os.path.join(ROOT, "bench", "trl_worker.py")
   done = subprocess.run(
@@ -164,6 +180,40 @@ def show(name: str, rows: list[dict]) -> None:
 def mean_after_first(rows: list[dict], key: str) -> float:
   kept = rows[1:] or rows
   return sum(r[key] for r in kept) / len(kept)
+
+
+def update_flops(model: str, problems: str, rows: list[dict]) -> float:
+  """Model FLOPs of one update on a step of these rows: 6 x the matmul parameters a token
+  uses (LM head included) x the tokens of the batch (every prompt in the model's chat
+  template, once per response, plus the step's completion tokens), attention included."""
+  from transformers import AutoTokenizer
+
+  from rlvr.model import config as model_config
+
+  cfg = model_config.ModelConfig.from_hf(model)
+  tok = AutoTokenizer.from_pretrained(model)
+  lens = []
+  for line in open(problems):
+    turn = [{"role": "user", "content": json.loads(line)["problem"]}]
+    text = tok.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    lens.append(len(tok(text, add_special_tokens=False)["input_ids"]))
+  completion = mean_after_first(rows, "tokens")
+  tokens = sum(lens) / len(lens) * FLAGS.prompts * FLAGS.group + completion
+  seq = tokens / (FLAGS.prompts * FLAGS.group)
+  sys.path.insert(0, os.path.join(ROOT, "bench"))
+  from model_configs import model_flops_per_token
+
+  return model_flops_per_token(cfg, int(seq)) * tokens
+
+
+def matmul_peak() -> float:
+  """This process's best FLOP/s on square matmuls of the update's dtype."""
+  import jax.numpy as jnp
+
+  sys.path.insert(0, os.path.join(ROOT, "bench"))
+  from model_configs import matmul_peak as peak
+
+  return peak(jnp.dtype(FLAGS.dtype))
 
 
 def main(_):
@@ -202,6 +252,14 @@ def main(_):
     a, b = mean_after_first(ours, "reward"), mean_after_first(theirs, "reward")
     print(f"  reward     rlvr {a:.3f}, TRL {b:.3f}")
     print(f"  peak       rlvr {our_peak:.2f} GiB, TRL {their_peak:.2f} GiB")
+    if not FLAGS.lora:
+      flops, peak = update_flops(model, problems, ours), matmul_peak()
+      print(
+        f"  update     {flops / 1e12:.2f} TFLOP a step; {FLAGS.dtype} matmul peak measured "
+        f"here {peak / 1e9:.0f} GFLOP/s, so no update is shorter than {flops / peak:.1f} s: "
+        f"rlvr at {flops / mean_after_first(ours, 'update_s') / peak:.0%} of it, TRL at "
+        f"{flops / mean_after_first(theirs, 'update_s') / peak:.0%}"
+      )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def main(s: dict) -> None:
   args = GRPOConfig(
     output_dir=s["out"],
     use_cpu=True,
-    bf16=False,
+    bf16=s.get("bf16", False),  # torch autocast to bf16 on CPU
     learning_rate=s["lr"],
     lr_scheduler_type="constant",
     weight_decay=0.0,

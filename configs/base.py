@@ -155,7 +155,8 @@ def lora(c, rank: int = 32):
   """LoRA in RL at paper scale: rank-`rank` adapters (alpha 2 x rank, no dropout) on the
   attention and MLP projections (a sparse model's experts are never adapted), 10x the
   learning rate (LoRA RL recipes run at 1e-5..1e-4), a frozen bf16 base, vLLM taking each
-  version as an adapter (servers: launch/serve_vllm.py --lora_rank=32); docs/lora.md."""
+  version as an adapter (servers: launch/serve_vllm.py --config=<this config>, which takes
+  the rank from it); docs/lora.md."""
   c.rl.learner.lora.rank = rank
   c.rl.learner.lora.alpha = 2.0 * rank
   c.rl.learner.lora.dropout = 0.0

@@ -7,7 +7,8 @@ master weights and AdamW moments alone are 85 GiB). With LoRA the frozen bf16 ba
 GiB, the adapters' state under 1 GiB and the update 25.0 GiB in all (`python bench/plan.py
 --config=configs/rlvr_math12k_lora_qwen25_7b.py --devices=1`; docs/scale.md).
 
-  python launch/serve_vllm.py --model=/path/to/Qwen2.5-7B --device=gpu --lora_rank=32
+  python -m launch.serve_vllm --model=/path/to/Qwen2.5-7B --device=gpu \\
+      --config=configs/rlvr_math12k_lora_qwen25_7b.py   # LoRA's rank and lengths from it
   python -m launch.train --config=configs/rlvr_math12k_lora_qwen25_7b.py \\
       --config.model.path=/path/to/Qwen2.5-7B \\
       --config.data.train_path=/path/to/math12k.parquet \\

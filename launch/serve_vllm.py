@@ -2,6 +2,13 @@ r"""Starts a vLLM server for a model directory with the flags the rlvr client ne
 
   python -m launch.serve_vllm --model=workdir/tiny_model [--port=8000] [--device=gpu]
       [--weight_transfer=rlvr_tcp|nccl] [--routed_experts]
+  python -m launch.serve_vllm --model=<HF dir> --config=<the run's config> [--config.x=...]
+
+With --config, the options the run's settings decide come from them, as a run's own servers
+take them (`runner.server_options`): the model name (sampler.model), max_model_len (the
+longest prompt + response, evaluation or episode), the weight-transfer backend (sampler.weight_sync / transfer_backend) and the
+LoRA rank (rl.learner.lora.rank when sampler.lora_adapters); passing one of those flags as
+well is an error.
 
 Dev-mode routes (weight reloads) are on; the server binds 127.0.0.1 unless
 --host says otherwise (then set --api_key). Prints the URL once healthy and
@@ -15,6 +22,7 @@ import signal
 import threading
 
 from absl import app, flags
+from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "HF model directory to serve.", required=True)
@@ -60,6 +68,17 @@ flags.DEFINE_integer(
   "sampler.lora_adapters pushes one per version); 0 = off.",
 )
 
+config_flags.DEFINE_config_file(
+  "config", None, "The run's config: the server options it decides come from it."
+)
+# Flags a --config decides -> the setting each comes from.
+FROM_CONFIG = {
+  "served_model_name": "sampler.model",
+  "max_model_len": "rl.loop / eval.sampling / env lengths",
+  "weight_transfer": "sampler.weight_sync and sampler.transfer_backend",
+  "lora_rank": "rl.learner.lora.rank with sampler.lora_adapters",
+}
+
 
 def max_model_len(model_dir: str) -> int:
   """--max_model_len; when not given, capped at the model's max_position_embeddings (vLLM
@@ -74,24 +93,43 @@ def max_model_len(model_dir: str) -> int:
   return min(FLAGS.max_model_len, int(positions)) if positions else FLAGS.max_model_len
 
 
+def options_from_config(given: dict):
+  """The server options of --config's settings (one line for a flag given beside it)."""
+  from rlvr.run import experiment, runner
+
+  for name, source in FROM_CONFIG.items():
+    if FLAGS[name].present:
+      raise app.UsageError(f"--{name}: --config decides it ({source}); drop --{name}")
+  with open(os.path.join(FLAGS.model, "config.json")) as f:
+    positions = int(json.load(f).get("max_position_embeddings") or FLAGS.max_model_len)
+  return runner.server_options(experiment.check(FLAGS.config), positions, **given)
+
+
 def main(argv):
   del argv
   from rlvr.sampling.vllm_server import ServerOptions, start_server
 
-  options = ServerOptions(
+  given = dict(
     host=FLAGS.host,
     port=FLAGS.port or None,
-    served_model_name=FLAGS.served_model_name,
     dtype=FLAGS.dtype,
-    max_model_len=max_model_len(FLAGS.model),
     max_num_batched_tokens=FLAGS.max_num_batched_tokens,
-    device=FLAGS.device,
     kv_cache_gb=FLAGS.kv_cache_gb,
     gpu_memory_utilization=FLAGS.gpu_memory_utilization,
     api_key=FLAGS.api_key,
-    weight_transfer=FLAGS.weight_transfer,
     routed_experts=FLAGS.routed_experts,
-    lora_rank=FLAGS.lora_rank,
+    device=FLAGS.device,
+  )
+  options = (
+    options_from_config(given)
+    if FLAGS.config
+    else ServerOptions(
+      served_model_name=FLAGS.served_model_name,
+      max_model_len=max_model_len(FLAGS.model),
+      weight_transfer=FLAGS.weight_transfer,
+      lora_rank=FLAGS.lora_rank,
+      **given,
+    )
   )
   server = start_server(FLAGS.model, options, python=FLAGS.python, die_with_parent=False)
   stop = threading.Event()

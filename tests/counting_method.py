@@ -19,8 +19,8 @@ class Counting(plain.Plain):
     super().__init__(train, seed)
     self.calls = 0
 
-  def buffer(self, env, step):
-    groups, m = super().buffer(env, step)
+  def buffer(self, ctx, step):
+    groups, m = super().buffer(ctx, step)
     self.calls += 1
     return groups, dict(m, counting_calls=self.calls, counting_position=self.pool.stream.position)
 
@@ -35,5 +35,5 @@ class Counting(plain.Plain):
     return {"counting_total_calls": self.calls}
 
 
-def make(cfg, train):
-  return Counting(train, cfg.seed)
+def make(settings, train):
+  return Counting(train, settings.seed)

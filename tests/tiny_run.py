@@ -6,7 +6,8 @@ runs `python -m launch.train --config=configs/tiny_rlvr.py --workdir=... <flags>
 repository root on CPU JAX, with tests/ on PYTHONPATH (echo_env, counting_method and the
 other helpers a run names), and returns its output and its metrics.jsonl rows. `argv` and
 `env` give the same command and environment to a test that starts the process itself
-(Popen, to kill it); `launch` returns the finished process whatever its exit code.
+(Popen, to kill it); `launch` returns the finished process whatever its exit code;
+`config` builds a config in-process, as `launch.train` does from its flags.
 
 Runs of the same shapes share their compiled programs: the session's subprocesses use one
 XLA compilation cache (conftest.py).
@@ -93,3 +94,17 @@ def rows(path, timing: bool = False) -> list[dict]:
   if timing:
     return out
   return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in out]
+
+
+def config(name: str = "tiny_rlvr", *overrides: str):
+  """configs/<name>.py with `--config.x=...` overrides, as launch/train.py builds it."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  argv = ["train", f"--config={os.path.join(REPO, 'configs', name + '.py')}", *overrides]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+    "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
+  )
+  fv(argv)
+  return fv.config

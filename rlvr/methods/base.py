@@ -2,9 +2,9 @@
 
 A method builds the data of one update; `rlvr.rollout.rl_step` does the rest
 (rollout metrics, batch, update, weight sync, timings) identically for all. A
-method is made by a factory `make(cfg, train) -> Method` from the run's
-ConfigDict (it reads and validates its own section) and the training prompts,
-and must carry in `state()` everything a resumed run needs to continue where it
+method is made by a factory `make(settings, train) -> Method` from its `MethodSettings`
+(its own section frozen and checked at launch, the run's seed and work dir) and the
+training prompts, and must carry in `state()` everything a resumed run needs to continue where it
 stopped (data position, curriculum stage, question bank); the runner stores that
 dict in the checkpoint metadata and hands it back to `restore`.
 """
@@ -12,13 +12,28 @@ dict in the checkpoint metadata and hands it back to `restore`.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import types
 from typing import Any, Mapping, Sequence
 
 from rlvr.data.stream import DataStream
 from rlvr.rollout import Group, Prompt, StepContext
 
-__all__ = ["Group", "Method", "Prompt", "PromptPool", "StepContext"]
+__all__ = ["Group", "Method", "MethodSettings", "Prompt", "PromptPool", "StepContext"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSettings:
+  """What a method reads of the run's config, typed and checked once at launch
+  (`methods.check`): its name, its own section as a frozen dataclass (`SvSConfig`,
+  `CurriculumConfig`, `QbQConfig`; None for a method without one), and the run's settings
+  it uses."""
+
+  name: str
+  section: Any = None
+  seed: int = 0
+  workdir: str = ""
+  api_key: str = ""  # the sampler's (QbQ's URL teacher takes the same key)
 
 
 class Method(abc.ABC):
@@ -35,10 +50,10 @@ class Method(abc.ABC):
   # curriculum's depth switches); "" marks nothing
 
   @abc.abstractmethod
-  def buffer(self, env: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
     """The scored groups of one update (may be empty: the update is skipped) + metrics.
 
-    The rollouts the step's metrics describe go to `env.report_rollouts`
+    The rollouts the step's metrics describe go to `ctx.report_rollouts`
     (`rollout.gather_groups` reports its own).
     """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rlvr import rollout
-from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepContext
+from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, StepContext
 
 
 class Plain(Method):
@@ -16,8 +16,8 @@ class Plain(Method):
   def __init__(self, train: Sequence[Prompt], seed: int):
     self.pool = PromptPool(train, seed)
 
-  def buffer(self, env: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
-    kept, _, _ = rollout.gather_groups(env, self.pool.draw, step)
+  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
+    kept, _, _ = rollout.gather_groups(ctx, self.pool.draw, step)
     return kept, {}
 
   def state(self) -> dict[str, Any]:
@@ -27,5 +27,5 @@ class Plain(Method):
     self.pool.restore(state["data"])
 
 
-def make(cfg, train: Sequence[Prompt]) -> Plain:
-  return Plain(train, cfg.seed)
+def make(settings: MethodSettings, train: Sequence[Prompt]) -> Plain:
+  return Plain(train, settings.seed)

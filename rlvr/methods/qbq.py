@@ -37,7 +37,7 @@ import numpy as np
 from rlvr import rollout
 from rlvr.common import settings
 from rlvr.common.panel import Panel
-from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepContext
+from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, StepContext
 from rlvr.methods.qbq_store import RoundStore, as_variant
 from rlvr.methods.qbq_teachers import Complete, llm_variants, procedural_variants, server_teacher
 from rlvr.sampling.types import SamplingParams
@@ -136,12 +136,12 @@ class QbQ(Method):
 
   # ---------------------------------------------------------------- stages
   def _counts(
-    self, env: StepContext, items: Sequence[qbq.Variant], t: int, salt: int
+    self, ctx: StepContext, items: Sequence[qbq.Variant], t: int, salt: int
   ) -> list[dict]:
     """Solve counts n of k scoring samples; prompts over max_prompt_len get n = None."""
     c = self.cfg
-    prompts = [env.prompt(v.problem, v.answer, f"qbq-r{t}") for v in items]
-    fits = [len(p.ids) <= env.rl.max_prompt_len for p in prompts]
+    prompts = [ctx.prompt(v.problem, v.answer, f"qbq-r{t}") for v in items]
+    fits = [len(p.ids) <= ctx.rl.max_prompt_len for p in prompts]
     sp = SamplingParams(
       n=c.k,
       temperature=c.score_temperature,
@@ -154,18 +154,18 @@ class QbQ(Method):
     # Correctness only: no shaping terms, so a step's shaping metrics describe its update's
     # rollouts whether or not this stage ran in it (a resumed run may load it instead).
     kept = [p for p, ok in zip(prompts, fits) if ok]
-    groups = iter(rollout.sample_and_score(env.solve, env.score, kept, sp) if kept else [])
+    groups = iter(rollout.sample_and_score(ctx.solve, ctx.score, kept, sp) if kept else [])
     return [
       dict(dataclasses.asdict(v), n=int(next(groups).correct.sum()) if ok else None)
       for v, ok in zip(items, fits)
     ]
 
-  def _teach(self, env: StepContext, seeds: Sequence[qbq.Variant], t: int) -> list[dict]:
+  def _teach(self, ctx: StepContext, seeds: Sequence[qbq.Variant], t: int) -> list[dict]:
     c = self.cfg
     if c.teacher == "procedural":
       rows = procedural_variants(seeds, c.operators_per_seed, salt=str(t))
     else:
-      complete = self.external or self._policy_complete(env, t)
+      complete = self.external or self._policy_complete(ctx, t)
       rows = llm_variants(seeds, complete, c.operators_per_seed, c.integer_answers)
     seen = [s.problem for s in seeds]
     by_parent: dict[str, list[dict]] = {}
@@ -183,7 +183,7 @@ class QbQ(Method):
           seen.append(r["problem"])
     return rows
 
-  def _policy_complete(self, env: StepContext, t: int) -> Complete:
+  def _policy_complete(self, ctx: StepContext, t: int) -> Complete:
     c = self.cfg
     sp = SamplingParams(
       n=1,
@@ -192,16 +192,16 @@ class QbQ(Method):
       max_tokens=c.teacher_max_tokens,
       seed=rollout.step_seed(self.seed, t, 99),
     )
-    return lambda prompts: [g[0].text for g in env.complete(prompts, sp)]
+    return lambda prompts: [g[0].text for g in ctx.complete(prompts, sp)]
 
   def _pool_variants(self) -> list[qbq.Variant]:
     """The training pool as lineage roots "pool-<i>"."""
     return [qbq.Variant(f"pool-{i}", "", "", p.text, p.answer) for i, p in enumerate(self.train)]
 
-  def _pool_seeds(self, env: StepContext) -> list[qbq.Variant]:
+  def _pool_seeds(self, ctx: StepContext) -> list[qbq.Variant]:
     """S_0: the band of pi_0 over the training pool, `initial_seeds` drawn in a seeded order."""
     scored = self.store.stage(
-      0, "pool_scores.jsonl", lambda: self._counts(env, self._pool_variants(), 0, 1)
+      0, "pool_scores.jsonl", lambda: self._counts(ctx, self._pool_variants(), 0, 1)
     )
     band = [
       as_variant(r)
@@ -212,11 +212,11 @@ class QbQ(Method):
     take = self.cfg.initial_seeds or len(band)
     return [band[i] for i in sorted(order[:take])]
 
-  def _next_seeds(self, env: StepContext, t: int) -> list[dict]:
+  def _next_seeds(self, ctx: StepContext, t: int) -> list[dict]:
     if t == 0:
-      return [dataclasses.asdict(s) for s in self._pool_seeds(env)]
+      return [dataclasses.asdict(s) for s in self._pool_seeds(ctx)]
     selected = [as_variant(r) for r in self.store.read(t - 1, "selection.jsonl")]
-    rescored = self.store.stage(t - 1, "rescored.jsonl", lambda: self._counts(env, selected, t, 2))
+    rescored = self.store.stage(t - 1, "rescored.jsonl", lambda: self._counts(ctx, selected, t, 2))
     counts = {r["id"]: r["n"] for r in rescored if r["n"] is not None}
     seeds = qbq.next_seeds(
       [v for v in selected if v.id in counts], counts, self.cfg.k, self.cfg.seed_band
@@ -225,15 +225,15 @@ class QbQ(Method):
       return self.store.read(t - 1, "seeds.jsonl")
     return [dataclasses.asdict(s) for s in seeds]
 
-  def _prepare_round(self, env: StepContext, t: int) -> list[Prompt]:
+  def _prepare_round(self, ctx: StepContext, t: int) -> list[Prompt]:
     """Runs (or reloads) the stages of round t; returns R_t as prompts."""
     c = self.cfg
     seeds = [
-      as_variant(r) for r in self.store.stage(t, "seeds.jsonl", lambda: self._next_seeds(env, t))
+      as_variant(r) for r in self.store.stage(t, "seeds.jsonl", lambda: self._next_seeds(ctx, t))
     ]
-    made = self.store.stage(t, "variants.jsonl", lambda: self._teach(env, seeds, t))
+    made = self.store.stage(t, "variants.jsonl", lambda: self._teach(ctx, seeds, t))
     accepted = [as_variant(r) for r in made if r["reason"] == "accepted"]
-    scored = self.store.stage(t, "scored.jsonl", lambda: self._counts(env, accepted, t, 3))
+    scored = self.store.stage(t, "scored.jsonl", lambda: self._counts(ctx, accepted, t, 3))
     usable = [as_variant(r) for r in scored if r["n"] is not None]
     selection = self.store.stage(
       t,
@@ -268,10 +268,10 @@ class QbQ(Method):
     }
     order = np.random.default_rng((self.seed, t, 11)).permutation(len(selection))
     return [
-      env.prompt(selection[i]["problem"], str(selection[i]["answer"]), f"qbq-r{t}") for i in order
+      ctx.prompt(selection[i]["problem"], str(selection[i]["answer"]), f"qbq-r{t}") for i in order
     ]
 
-  def _replayed(self, env: StepContext) -> list[Prompt]:
+  def _replayed(self, ctx: StepContext) -> list[Prompt]:
     """shuffled: every round's selection of the curriculum run at replay_from, one pass."""
     rows = RoundStore(self.cfg.replay_from).selections()
     if not rows:
@@ -281,13 +281,13 @@ class QbQ(Method):
       )
     order = np.random.default_rng((self.seed, 13)).permutation(len(rows))
     self.round_metrics = {"qbq_selected": len(rows)}
-    return [env.prompt(rows[i]["problem"], str(rows[i]["answer"]), "qbq-replay") for i in order]
+    return [ctx.prompt(rows[i]["problem"], str(rows[i]["answer"]), "qbq-replay") for i in order]
 
-  def _static_pool(self, env: StepContext) -> PromptPool:
+  def _static_pool(self, ctx: StepContext) -> PromptPool:
     """static: originals plus variants of every pool problem, made once by the teacher."""
-    made = self.store.stage(0, "variants.jsonl", lambda: self._teach(env, self._pool_variants(), 0))
+    made = self.store.stage(0, "variants.jsonl", lambda: self._teach(ctx, self._pool_variants(), 0))
     extra = [
-      env.prompt(r["problem"], str(r["answer"]), "qbq-static")
+      ctx.prompt(r["problem"], str(r["answer"]), "qbq-static")
       for r in made
       if r["reason"] == "accepted"
     ]
@@ -295,11 +295,11 @@ class QbQ(Method):
     return PromptPool(self.train + extra, self.seed)
 
   # ---------------------------------------------------------------- the seam
-  def _ensure(self, env: StepContext, t: int) -> bool:
+  def _ensure(self, ctx: StepContext, t: int) -> bool:
     """Prepares what step t's round draws from; True when a new round starts here."""
     if self.cfg.schedule == "static":
       if self.pool is None:
-        self.pool = self._static_pool(env)
+        self.pool = self._static_pool(ctx)
         if self._pool_state is not None:
           self.pool.restore(self._pool_state)
       return False
@@ -308,7 +308,7 @@ class QbQ(Method):
       return False
     fresh = self.round != target
     self.problems = (
-      self._replayed(env) if self.cfg.schedule == "shuffled" else self._prepare_round(env, target)
+      self._replayed(ctx) if self.cfg.schedule == "shuffled" else self._prepare_round(ctx, target)
     )
     if fresh:
       self.round, self.pos = target, 0
@@ -318,10 +318,10 @@ class QbQ(Method):
     """A fresh optimizer at the start of every round after the first (paper C.2)."""
     return self.cfg.schedule == "curriculum" and step > 0 and step % self.cfg.steps_per_round == 0
 
-  def buffer(self, env: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
     t = step // self.cfg.steps_per_round
-    start = self._ensure(env, t)
-    k = env.rl.prompts_per_step
+    start = self._ensure(ctx, t)
+    k = ctx.rl.prompts_per_step
     if self.pool is not None:
       batch = self.pool.draw(k)
     else:
@@ -330,11 +330,11 @@ class QbQ(Method):
         min(self.pos + k, len(self.problems)),
       )
     m = dict(self.round_metrics, qbq_round=t, qbq_round_start=int(start))
-    groups = env.sample_and_score(
-      batch, env.rl.sampling_params(rollout.step_seed(self.seed, step, 0))
+    groups = ctx.sample_and_score(
+      batch, ctx.rl.sampling_params(rollout.step_seed(self.seed, step, 0))
     )
     if groups:
-      env.report_rollouts(groups, groups, 1)
+      ctx.report_rollouts(groups, groups, 1)
     return groups, m
 
   def state(self) -> dict[str, Any]:
@@ -385,16 +385,16 @@ def check(cfg) -> QbQConfig:
   return c
 
 
-def make(cfg, train: Sequence[Prompt]) -> QbQ:
-  c = check(cfg)
+def make(settings: MethodSettings, train: Sequence[Prompt]) -> QbQ:
+  c = settings.section
   complete = None
   if c.teacher not in ("policy", "procedural"):  # the same key as the sampler's servers
     complete = server_teacher(
       c.teacher,
       c.teacher_model,
-      api_key=cfg.sampler.api_key or None,
+      api_key=settings.api_key or None,
       temperature=c.teacher_temperature,
       top_p=c.teacher_top_p,
       max_tokens=c.teacher_max_tokens,
     )
-  return QbQ(c, train, cfg.workdir, cfg.seed, complete)
+  return QbQ(c, train, settings.workdir, settings.seed, complete)

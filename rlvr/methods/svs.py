@@ -20,7 +20,7 @@ import numpy as np
 from rlvr import rollout
 from rlvr.common import settings
 from rlvr.common.panel import Panel
-from rlvr.methods.base import Group, Method, Prompt, PromptPool, StepContext
+from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, StepContext
 from synthesis import svs
 
 # svs.png's panels (`plots.plot_metrics`); the data types are docs/methods.md#svs's.
@@ -70,14 +70,14 @@ class SvS(Method):
     self.pool = PromptPool(train, seed)
     self.cfg, self.template = cfg, template
 
-  def buffer(self, env: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
-    rl = env.rl
+  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
+    rl = ctx.rl
     rng = random.Random(rollout.step_seed(rl.seed, step, 99))
     seed = lambda phase: rollout.step_seed(rl.seed, step, 100 + phase)  # apart from DS rounds
     if self.cfg.refill_originals:  # DAPO's dynamic sampling: up to prompts_per_step mixed groups
-      kept, originals, rounds = rollout.gather_groups(env, self.pool.draw, step)
+      kept, originals, rounds = rollout.gather_groups(ctx, self.pool.draw, step)
     else:  # the authors' loop: one draw, the mixed groups kept
-      originals = env.sample_and_score(
+      originals = ctx.sample_and_score(
         self.pool.draw(rl.prompts_per_step), rl.sampling_params(seed(0))
       )
       kept, rounds = [o for o in originals if o.mixed], 1
@@ -90,14 +90,14 @@ class SvS(Method):
     m = {"svs_underperforming": len(under)}
     if self.cfg.mode == "eup":  # ablation: a second rollout on underperforming problems
       again = (
-        env.sample_and_score([o.prompt for o in under], rl.sampling_params(seed(1)))
+        ctx.sample_and_score([o.prompt for o in under], rl.sampling_params(seed(1)))
         if under
         else []
       )
       type1 += [a for a in again if a.mixed]
       type2, type3 = [], []
     else:
-      type2, type3 = self._synthesize(env, under, seed, rng, m)
+      type2, type3 = self._synthesize(ctx, under, seed, rng, m)
     m.update({"type1_groups": len(type1), "type2_groups": len(type2), "type3_groups": len(type3)})
     # each group's data type (types 1, 2, 3) in the samples log
     for groups, data_type in (
@@ -107,15 +107,15 @@ class SvS(Method):
     ):
       for g in groups:
         g.tags["data_type"] = data_type
-    env.report_rollouts(originals, type1, rounds)  # the step's metrics: originals, type 1
+    ctx.report_rollouts(originals, type1, rounds)  # the step's metrics: originals, type 1
     return type1 + type2 + type3, m
 
-  def _synthesize(self, env: StepContext, under: list[Group], seed, rng, m: dict):
+  def _synthesize(self, ctx: StepContext, under: list[Group], seed, rng, m: dict):
     """Types 2 and 3 from the underperforming groups; adds the svs_* metrics to m."""
-    cfg, rl = self.cfg, env.rl
+    cfg, rl = self.cfg, ctx.rl
     sources = [(o, c) for o in under for c, ok in zip(o.completions, o.correct) if ok]
     syn_ids = [
-      env.encode_task(svs.build_synthesis_prompt(c.text, self.template)) for _, c in sources
+      ctx.encode_task(svs.build_synthesis_prompt(c.text, self.template)) for _, c in sources
     ]
     fits = [len(ids) <= rl.max_prompt_len for ids in syn_ids]  # too long: dropped, counted
     m["svs_synthesis_too_long"] = fits.count(False)
@@ -124,14 +124,14 @@ class SvS(Method):
     syn_outs = []
     if syn_ids:
       sp = dataclasses.replace(rl.sampling_params(seed(2)), n=cfg.syntheses_per_solution)
-      syn_outs = env.generate(syn_ids, sp)
+      syn_outs = ctx.generate(syn_ids, sp)
     problems = [
       [svs.extract_problem(c.text, cfg.max_problem_chars) for c in outs] for outs in syn_outs
     ]
     m["svs_extraction_failures"] = sum(p is None for ps in problems for p in ps)
     # solve every extracted synthetic problem G times, against the ORIGINAL answer
     flat = [(i, k, p) for i, ps in enumerate(problems) for k, p in enumerate(ps) if p]
-    syn_prompts = [env.prompt(p, sources[i][0].prompt.answer, "svs-synthetic") for i, _, p in flat]
+    syn_prompts = [ctx.prompt(p, sources[i][0].prompt.answer, "svs-synthetic") for i, _, p in flat]
     fits = [len(q.ids) <= rl.max_prompt_len for q in syn_prompts]
     m["svs_synthetic_too_long"] = fits.count(False)
     for (i, k, _), ok in zip(flat, fits):
@@ -139,7 +139,7 @@ class SvS(Method):
         problems[i][k] = None
     flat = [f for f, ok in zip(flat, fits) if ok]
     syn_prompts = [q for q, ok in zip(syn_prompts, fits) if ok]
-    solved = env.sample_and_score(syn_prompts, rl.sampling_params(seed(3))) if flat else []
+    solved = ctx.sample_and_score(syn_prompts, rl.sampling_params(seed(3))) if flat else []
     accs = [[None] * len(ps) for ps in problems]
     for (i, k, _), grp in zip(flat, solved):
       accs[i][k] = float(grp.correct.mean())
@@ -153,8 +153,8 @@ class SvS(Method):
         type2.append(Group(task, syn_outs[i], rewards, rewards > 0))
     reason = [[svs.rejection_reason(a, cfg) for a in row] for row in accs]
     reasons = [r for row in reason for r in row]
-    if env.answer_of is not None:  # diagnostic: does the synthetic problem keep the answer?
-      consistent = [env.answer_of(p) == q.answer for (_, _, p), q in zip(flat, syn_prompts)]
+    if ctx.answer_of is not None:  # diagnostic: does the synthetic problem keep the answer?
+      consistent = [ctx.answer_of(p) == q.answer for (_, _, p), q in zip(flat, syn_prompts)]
       accepted = [c for c, (i, k, _) in zip(consistent, flat) if reason[i][k] == "accepted"]
       m.update({"svs_consistent": sum(consistent), "svs_accepted_consistent": sum(accepted)})
     m.update(
@@ -221,6 +221,6 @@ def check(cfg) -> svs.SvSConfig:
   return c
 
 
-def make(cfg, train: Sequence[Prompt]) -> SvS:
-  c = check(cfg)
-  return SvS(train, cfg.seed, c, synthesis_template(c.template))
+def make(settings: MethodSettings, train: Sequence[Prompt]) -> SvS:
+  c = settings.section
+  return SvS(train, settings.seed, c, synthesis_template(c.template))

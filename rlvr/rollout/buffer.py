@@ -38,15 +38,15 @@ class Buffer:
   stats: RolloutStats = dataclasses.field(default_factory=RolloutStats)
 
 
-def build_buffer(method, env: StepContext, step: int, version: int) -> Buffer:
-  """method.buffer(env, step) on a fork of env, with its rollout metrics and stats."""
-  env = env.fork()
+def build_buffer(method, ctx: StepContext, step: int, version: int) -> Buffer:
+  """method.buffer(ctx, step) on a fork of ctx, with its rollout metrics and stats."""
+  ctx = ctx.fork()
   t0 = time.perf_counter()
-  groups, m = method.buffer(env, step)
-  stats = env.stats
+  groups, m = method.buffer(ctx, step)
+  stats = ctx.stats
   m = dict(m)
   if stats.reported is not None:
-    m.update(rollout_metrics(*stats.reported, env.rl))
+    m.update(rollout_metrics(*stats.reported, ctx.rl))
   m.update(stats.metrics())
   t1 = time.perf_counter()
   m["time_buffer"] = t1 - t0
@@ -81,10 +81,10 @@ class Buffers:
   """
 
   def __init__(
-    self, method, env: StepContext, *, overlap: bool = True, last_step: int | None = None
+    self, method, ctx: StepContext, *, overlap: bool = True, last_step: int | None = None
   ):
-    self.method, self.env = method, env
-    self.ahead = env.rl.max_staleness == 1
+    self.method, self.ctx = method, ctx
+    self.ahead = ctx.rl.max_staleness == 1
     self.overlap, self.last_step = overlap, last_step
     self.pending: Buffer | None = None
     self.built: list[Buffer] = []  # the builds of the current step, for its timings
@@ -97,7 +97,7 @@ class Buffers:
       buf, self.pending, self.built = self.pending, None, []
       return buf
     self.pending = None
-    buf = build_buffer(self.method, self.env, step, version=step)
+    buf = build_buffer(self.method, self.ctx, step, version=step)
     self.built = [buf]
     return buf
 
@@ -107,9 +107,9 @@ class Buffers:
     if not self.ahead or (self.last_step is not None and nxt >= self.last_step):
       return
     if self._pool is not None:
-      self._future = self._pool.submit(build_buffer, self.method, self.env, nxt, step)
+      self._future = self._pool.submit(build_buffer, self.method, self.ctx, nxt, step)
     else:
-      self.pending = build_buffer(self.method, self.env, nxt, step)
+      self.pending = build_buffer(self.method, self.ctx, nxt, step)
       self.built.append(self.pending)
 
   def finish_ahead(self) -> None:

@@ -132,10 +132,10 @@ class StepContext:
   def fork(self) -> "StepContext":
     """The same sampler, scorer and encoders with `stats` of its own: one per buffer, so a
     buffer built ahead in a worker thread counts only its own calls."""
-    env = object.__new__(StepContext)
-    env.__dict__.update(self.__dict__)
-    env.reset()
-    return env
+    ctx = object.__new__(StepContext)
+    ctx.__dict__.update(self.__dict__)
+    ctx.reset()
+    return ctx
 
   def report_rollouts(self, sampled: Sequence[Group], kept: Sequence[Group], rounds: int) -> None:
     """Names the rollouts the step's metrics describe (`rollout_metrics`): the groups

@@ -30,20 +30,20 @@ def no_signal_fix(solve_all: float, solve_none: float) -> str:
   return "the problems are too easy for the policy: give harder ones"
 
 
-def gather_groups(env: StepContext, draw: Callable[[int], list[Prompt]], step: int):
+def gather_groups(ctx: StepContext, draw: Callable[[int], list[Prompt]], step: int):
   """Buffers until `prompts_per_step` usable groups (or the round budget) are reached.
 
-  Returns (kept groups, all sampled groups, rounds used), also reported to env
+  Returns (kept groups, all sampled groups, rounds used), also reported to ctx
   (`StepContext.report_rollouts`). Raises NoSignalError when dynamic sampling found no
   mixed group at all within the budget.
   """
-  cfg = env.rl
+  cfg = ctx.rl
   kept, sampled = [], []
   need = cfg.prompts_per_step
   for round_ in range(cfg.max_extra_rounds + 1):
     missing = need - len(kept)
     count = need if round_ == 0 else int(np.ceil(missing * cfg.oversample))
-    groups = env.sample_and_score(
+    groups = ctx.sample_and_score(
       draw(count), cfg.sampling_params(step_seed(cfg.seed, step, round_))
     )
     if not groups:
@@ -51,7 +51,7 @@ def gather_groups(env: StepContext, draw: Callable[[int], list[Prompt]], step: i
     sampled += groups
     kept += [g for g in groups if g.mixed or not cfg.dynamic_sampling][:missing]
     if len(kept) >= need or not cfg.dynamic_sampling:
-      env.report_rollouts(sampled, kept, round_ + 1)
+      ctx.report_rollouts(sampled, kept, round_ + 1)
       return kept, sampled, round_ + 1
   if not sampled:
     raise NoSignalError(
@@ -67,7 +67,7 @@ def gather_groups(env: StepContext, draw: Callable[[int], list[Prompt]], step: i
       f"{no_signal_fix(rates['solve_all'], rates['solve_none'])}; "
       "or raise rl.loop.max_extra_rounds"
     )
-  env.report_rollouts(sampled, kept, cfg.max_extra_rounds + 1)
+  ctx.report_rollouts(sampled, kept, cfg.max_extra_rounds + 1)
   return kept, sampled, cfg.max_extra_rounds + 1
 
 

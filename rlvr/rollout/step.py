@@ -26,7 +26,7 @@ from rlvr.rollout.context import StepContext
 def rl_step(
   learner,
   method,
-  env: StepContext,
+  ctx: StepContext,
   step: int,
   buffers: Buffers | None = None,
   samples=None,
@@ -50,7 +50,7 @@ def rl_step(
   """
   clock = {"start": time.perf_counter()}
   own = buffers is None
-  buffers = buffers if buffers is not None else Buffers(method, env, overlap=False)
+  buffers = buffers if buffers is not None else Buffers(method, ctx, overlap=False)
 
   buf = buffers.take(step)  # buffer
   m = {**buf.metrics, **staleness_metrics(buf)}
@@ -66,7 +66,7 @@ def rl_step(
   buffers.finish_ahead()
 
   clock["sync"] = time.perf_counter()  # sync
-  env.sampler.update_weights(learner.weights(), version=step + 1)
+  ctx.sampler.update_weights(learner.weights(), version=step + 1)
   clock["end"] = time.perf_counter()
   if own:
     buffers.close()

@@ -5,19 +5,22 @@ The library's own dataclasses (`learner.LearnerConfig`, `rollout.RLConfig`,
 defaults; this module holds the sections that belong to a run as a whole (model,
 SFT, evaluation, checkpoints, logging). `check(cfg)` freezes every section, so each field's
 range is checked by its dataclass, then checks the rules that span sections; it runs
-before anything is built or trained, and each error is one line naming the fields.
+before anything is built or trained, and each error is one line naming the fields. What it
+returns, `Settings`, is all of the run that travels past launch: no ConfigDict does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import typing
+from typing import Any, Mapping
 
 import jax
 
-from rlvr import envs, learner, rollout
+from rlvr import envs, learner, methods, rollout
 from rlvr.common import named, settings
 from rlvr.data import datasets
 from rlvr.rewards import RewardConfig, shaping
@@ -125,8 +128,20 @@ SECTIONS = {
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """Every section of a config as its validated dataclass."""
+  """Every setting of a run, typed and checked: the top-level values, each section as its
+  validated dataclass, and the method's own (`methods.MethodSettings`)."""
 
+  seed: int
+  workdir: str
+  coordinator: str  # multi-host: "host:port" or "auto"; "" = one process
+  mesh: Mapping[str, int]
+  export_hf: bool
+  reward_workers: int
+  rl_steps: int
+  rl_log_samples_every: int
+  method: methods.MethodSettings
+  written: Mapping[str, Any]  # the whole config as JSON values: config.json, the progress
+  # records of reusable phases, the trackers' run config
   model: ModelSource
   data: datasets.DataConfig
   sampler: SamplerConfig
@@ -180,23 +195,19 @@ def derived_paths() -> dict[str, str]:
   }
 
 
-def _filled(value, cfg, name: str):
-  """The frozen section `value` at `name`, its derived fields (nested ones too) filled."""
-  given = {}
-  for f in dataclasses.fields(value):
-    inner = getattr(value, f.name)
-    if settings.DERIVED in f.metadata:
-      given[f.name] = _section(cfg, settings.source_path(name, f.metadata[settings.DERIVED]))
-    elif dataclasses.is_dataclass(inner):
-      filled = _filled(inner, cfg, f"{name}.{f.name}")
-      if filled is not inner:
-        given[f.name] = filled
-  return dataclasses.replace(value, **given) if given else value
+def _replaced(value, parts: list[str], new):
+  """The frozen dataclass `value` with the field at `parts` (nested) set to `new`."""
+  head, *rest = parts
+  inner = _replaced(getattr(value, head), rest, new) if rest else new
+  return dataclasses.replace(value, **{head: inner})
 
 
 def _frozen(cfg, name: str, cls):
   """Section `name` as its dataclass, with its derived fields filled from their sources."""
-  return _filled(settings.frozen(cls, _section(cfg, name), prefix=f"{name}."), cfg, name)
+  value = settings.frozen(cls, _section(cfg, name), prefix=f"{name}.")
+  for path, source in _derived_fields(name, cls):
+    value = _replaced(value, path[len(name) + 1 :].split("."), _section(cfg, source))
+  return value
 
 
 def check(cfg) -> Settings:
@@ -207,14 +218,24 @@ def check(cfg) -> Settings:
       raise ValueError(moved_line(old))
   if cfg.rl.steps < 0:  # first: rl.learner.total_steps is derived from it
     raise ValueError(f"rl.steps: must be >= 0, got {cfg.rl.steps}")
-  s = Settings(
-    **{name.replace(".", "_"): _frozen(cfg, name, cls) for name, cls in SECTIONS.items()}
-  )
   every = cfg.rl.log_samples_every
   if isinstance(every, bool) or not isinstance(every, int) or every < 0:
     raise ValueError(f"rl.log_samples_every: must be an integer >= 0 (0 = off), got {every!r}")
+  s = Settings(
+    seed=int(cfg.seed),
+    workdir=str(cfg.workdir),
+    coordinator=str(cfg.get("coordinator") or ""),
+    mesh=dict(cfg.mesh),
+    export_hf=bool(cfg.export_hf),
+    reward_workers=int(cfg.reward_workers),
+    rl_steps=int(cfg.rl.steps),
+    rl_log_samples_every=every,
+    method=methods.check(cfg),  # the method's own section, with the settings it spans
+    written=json.loads(json.dumps(cfg.to_dict())),  # tuples as lists, as JSON holds them
+    **{name.replace(".", "_"): _frozen(cfg, name, cls) for name, cls in SECTIONS.items()},
+  )
   lc, rl = s.rl_learner, s.rl_loop
-  if cfg.sampler.lora_adapters and not lc.lora.rank:
+  if s.sampler.lora_adapters and not lc.lora.rank:
     raise ValueError(
       "sampler.lora_adapters: pushes LoRA adapters, which need rl.learner.lora.rank > 0"
     )
@@ -294,21 +315,21 @@ def scale_down(cfg, steps: int = 2):
   c.sampler.kind = "jax"
   c.rl.steps = steps
   c.checkpoint.every = steps
-  loop_c = c.rl.loop
-  loop_c.prompts_per_step = 4
-  loop_c.max_prompt_len = min(loop_c.max_prompt_len, 512)
-  loop_c.max_response_len = min(loop_c.max_response_len, 32)
+  loop = c.rl.loop
+  loop.prompts_per_step = 4
+  loop.max_prompt_len = min(loop.max_prompt_len, 512)
+  loop.max_response_len = min(loop.max_response_len, 32)
   lrn = c.rl.learner
   lrn.ppo_mini_batch_size = 2 if lrn.ppo_mini_batch_size else 0  # multi-step stays
   lrn.pack_len, lrn.pack_min_rows = 0, jax.device_count()  # a packed row per device
-  c.rl.learner.micro_batch_rows, c.rl.learner.micro_batches = 0, 1
-  c.rl.learner.compute_dtype = "float32"
+  lrn.micro_batch_rows, lrn.micro_batches = 0, 1
+  lrn.compute_dtype = "float32"
   c.sft.steps = min(c.sft.steps, steps)
   c.sft.batch_size = min(c.sft.batch_size, 8)
   c.data.eval_limit = 8
   c.eval.every = 0
   if c.env.max_total_tokens:  # an episode's budget shrinks with its turns
-    c.env.max_total_tokens = loop_c.max_prompt_len + 3 * loop_c.max_response_len
+    c.env.max_total_tokens = loop.max_prompt_len + 3 * loop.max_response_len
   c.env.workers = min(c.env.workers, 4)  # tool calls at once
   ev = c.eval.sampling
   ev.n, ev.max_tokens, ev.batch_prompts, ev.seeds = 2, 32, 16, (0,)

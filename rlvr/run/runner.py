@@ -37,24 +37,47 @@ from rlvr.sampling.split import HostChannel
 def warm_start(run: Run) -> str:
   """SFT on the run's worked solutions (resumable), or the finished one `sft.init_from`
   names; returns the HF dir RL starts from."""
-  c = run.cfg
-  if c.sft.init_from:
-    return sft.reuse(c.sft.init_from)
-  if c.sft.steps <= 0:
+  s = run.settings
+  if s.sft.init_from:
+    return sft.reuse(s.sft.init_from)
+  if s.sft.steps <= 0:
     return run.model_dir
   return sft.train_sft(
     run.model_dir,
     run.data.sft_pairs,
     os.path.join(run.workdir, "sft"),
-    learner_cfg=run.settings.sft.learner,  # its cosine horizon: sft.steps
+    learner_cfg=s.sft.learner,  # its cosine horizon: sft.steps
     mesh=run.mesh,
-    instruction=c.data.instruction,
-    chat_template=c.data.chat_template,
-    steps=c.sft.steps,
-    batch_size=c.sft.batch_size,
-    seed=c.seed,
-    checkpoint_every=c.checkpoint.every * 10,
-    keep=c.checkpoint.keep,
+    instruction=s.data.instruction,
+    chat_template=s.data.chat_template,
+    steps=s.sft.steps,
+    batch_size=s.sft.batch_size,
+    seed=s.seed,
+    checkpoint_every=s.checkpoint.every * 10,
+    keep=s.checkpoint.keep,
+  )
+
+
+def server_options(s: experiment.Settings, positions: int, **given):
+  """The vLLM server options a run's settings imply: its model name, the longest
+  sequence it samples (prompt + response, evaluation or episode, rounded up to 256 and
+  capped at the model's `positions`), the weight-transfer backend, and LoRA's rank when
+  adapters are pushed (`sampler.lora_adapters`: rl.learner.lora.rank); `given`: the
+  options that are not settings of the run (device, host, port, dtype, ...)."""
+  from rlvr.sampling.vllm_server import ServerOptions
+
+  c, loop = s.sampler, s.rl_loop
+  longest = max(
+    loop.max_prompt_len + loop.max_response_len,
+    loop.max_prompt_len + s.eval.sampling.max_tokens,
+    s.env.max_total_tokens,
+  )
+  return ServerOptions(
+    served_model_name=c.model,
+    max_model_len=min(-(-longest // 256) * 256, positions),
+    weight_transfer=c.transfer_backend if c.weight_sync == "transfer" else None,
+    lora_rank=s.rl_learner.lora.rank if c.lora_adapters else 0,
+    **given,
   )
 
 
@@ -63,29 +86,17 @@ def local_servers(run: Run, model_cfg, weights):
   """`sampler.local_servers` vLLM servers on this host for the run, each serving an untied
   copy of `weights` (a tied LM head does not follow in-place reloads) and stopped when the
   run ends (tethered: also when it dies); yields their URLs, () when the run has none."""
-  c = run.cfg.sampler
+  c = run.settings.sampler
   if c.kind != "vllm" or not c.local_servers:
     yield ()
     return
   from rlvr.sampling.vllm_sampler import serve_policy_copy
-  from rlvr.sampling.vllm_server import ServerOptions, start_server
+  from rlvr.sampling.vllm_server import start_server
 
-  loop, lora_cfg = run.cfg.rl.loop, run.cfg.rl.learner.lora
   folder = os.path.join(run.workdir, "served", f"process_{jax.process_index()}")
   base, _ = lora_lib.unmerged(weights)  # LoRA: the servers take the base, adapters by push
   serve_policy_copy(folder, model_cfg, base, tokenizer=run.tokenizer)
-  longest = max(
-    loop.max_prompt_len + loop.max_response_len,
-    loop.max_prompt_len + run.cfg.eval.sampling.max_tokens,
-    run.cfg.env.max_total_tokens,
-  )
-  options = ServerOptions(
-    served_model_name=c.model,
-    device=c.local_device,
-    max_model_len=min(-(-longest // 256) * 256, model_cfg.max_position_embeddings),
-    weight_transfer=c.transfer_backend if c.weight_sync == "transfer" else None,
-    lora_rank=lora_cfg.rank if c.lora_adapters else 0,
-  )
+  options = server_options(run.settings, model_cfg.max_position_embeddings, device=c.local_device)
   servers = []
   try:
     for i in range(c.local_servers):
@@ -102,7 +113,7 @@ def local_servers(run: Run, model_cfg, weights):
 def make_sampler(run: Run, model_cfg, params, version: int = 0, urls=()):
   """The configured sampler, serving `params` as `version` (the RL step they follow);
   urls: the run's own servers (`local_servers`), else `sampler.urls`."""
-  c = run.cfg.sampler
+  c = run.settings.sampler
   if c.kind == "jax":
     sampler = JaxSampler(model_cfg, params, run.tokenizer, mesh=run.mesh)
     sampler.version = version
@@ -167,7 +178,7 @@ def evaluate(
   results = {}
   for name, prompts in run.eval_prompts.items():
     samples = (
-      os.path.join(outdir, f"samples_{name}.jsonl") if write and run.cfg.eval.samples else None
+      os.path.join(outdir, f"samples_{name}.jsonl") if write and run.settings.eval.samples else None
     )
     results[name] = evaluation.evaluate_set(
       sampler,
@@ -203,7 +214,7 @@ def train(
   policy: learner.Learner,
   mngr,
   method,
-  env: rollout.StepContext,
+  ctx: rollout.StepContext,
   eval_score,
   meta=None,
   export=None,
@@ -219,10 +230,11 @@ def train(
   """
   from tqdm import tqdm
 
-  c = run.cfg
+  s = run.settings
+  steps = s.rl_steps
   start = int(meta["step"]) if meta is not None else 0
   ahead_dir = os.path.join(run.workdir, "checkpoints_ahead")
-  buffers = rollout.Buffers(method, env, overlap=env.sampler.overlaps_update, last_step=c.rl.steps)
+  buffers = rollout.Buffers(method, ctx, overlap=ctx.sampler.overlaps_update, last_step=steps)
   if buffers.ahead and not buffers.overlap:
     print(
       "rl.loop.max_staleness=1: the in-process sampler shares the learner's devices, so "
@@ -237,11 +249,11 @@ def train(
     resume_step=start,
     enabled=distributed.is_writer(),
     logging=run.settings.logging,
-    config=c.to_dict(),
+    config=s.written,
   )
   samples = samples_log.SamplesLog(  # rl.log_samples_every: workdir/samples/step_<k>.jsonl
     run.workdir,
-    c.rl.log_samples_every,
+    s.rl_log_samples_every,
     resume_step=start,
     decode=lambda ids: tokens.decode_marked(run.tokenizer, ids),
     show=lambda step, rows: writer.write_table(step, "samples", rows),
@@ -257,25 +269,25 @@ def train(
     if distributed.is_writer():
       buffer_file.prune(ahead_dir, mngr.all_steps())
 
-  if start >= c.rl.steps:  # a rerun of a finished run: no bar of the steps done before
-    print(f"RL: done before, all {c.rl.steps} steps (checkpoints under {run.workdir})")
+  if start >= steps:  # a rerun of a finished run: no bar of the steps done before
+    print(f"RL: done before, all {steps} steps (checkpoints under {run.workdir})")
   bar = tqdm(
-    range(start, c.rl.steps),
+    range(start, steps),
     desc=method.name,
     unit="step",
     initial=start,
-    total=c.rl.steps,
-    disable=start >= c.rl.steps,
+    total=steps,
+    disable=start >= steps,
   )
   skipped, solved = 0, []
   with interrupt.GracefulStop("RL") as stop:
     try:
       for step in bar:
-        m = rollout.rl_step(policy, method, env, step, buffers, samples)
+        m = rollout.rl_step(policy, method, ctx, step, buffers, samples)
         skipped += m.get("skipped_update", 0)
         solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
-        if c.eval.every and (step + 1) % c.eval.every == 0:
-          for name, scores in evaluate(run, env.sampler, eval_score, None, env.episodes).items():
+        if s.eval.every and (step + 1) % s.eval.every == 0:
+          for name, scores in evaluate(run, ctx.sampler, eval_score, None, ctx.episodes).items():
             m.update({f"{name}_{k}": v for k, v in scores.items()})
         writer.write(step, m)
         post = {
@@ -285,21 +297,21 @@ def train(
         }
         post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
         bar.set_postfix(post)
-        if export is not None and c.checkpoint.export_every:
-          if (step + 1) % c.checkpoint.export_every == 0:
+        if export is not None and s.checkpoint.export_every:
+          if (step + 1) % s.checkpoint.export_every == 0:
             export(policy.state, f"step_{step + 1}")
         stopping = stop.agreed()
-        if (step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps or stopping:
+        if (step + 1) % s.checkpoint.every == 0 or step + 1 == steps or stopping:
           save(step + 1)
         if stopping:
           writer.close()
           stop.exit(
-            f"after RL step {step + 1} of {c.rl.steps} (checkpoint under {run.workdir}/checkpoints)"
+            f"after RL step {step + 1} of {steps} (checkpoint under {run.workdir}/checkpoints)"
           )
     finally:
       buffers.close()
   writer.close()
-  if start < c.rl.steps and skipped == c.rl.steps - start:
+  if start < steps and skipped == steps - start:
     raise rollout.NoSignalError(no_update_message(solved, run.workdir))
 
 
@@ -347,7 +359,7 @@ def write_summary(run: Run, method, seconds: float) -> dict:
       name,
     )
   summary = {
-    "steps": run.cfg.rl.steps,
+    "steps": run.settings.rl_steps,
     "eval_before_rl": run.progress["eval_before"],
     "eval_after_rl": run.progress["eval_after"],
     "time_s_this_invocation": round(seconds, 1),
@@ -371,25 +383,23 @@ def run(cfg) -> dict:
   work dir's lock (`fileio.workdir_lock`): a second run on the same work dir stops at
   once with one line naming the holder's pid and host."""
   t_start = time.time()
-  checked = experiment.check(cfg)  # every setting, before anything is built or trained
-  methods.check(cfg)  # and the method's own section, with the settings it spans
-  distributed.initialize(cfg.get("coordinator") or None)
-  workdir = os.path.abspath(cfg.workdir)
+  s = experiment.check(cfg)  # every setting, before anything is built or trained
+  distributed.initialize(s.coordinator or None)
+  workdir = os.path.abspath(s.workdir)
   os.makedirs(workdir, exist_ok=True)
   with workdir_lib.lock(workdir):
-    return _run(cfg, checked, t_start)
+    return _run(s, t_start)
 
 
-def _run(cfg, checked, t_start: float) -> dict:
-  r = workdir_lib.setup(cfg, checked)
-  experiment.check_eval_fits(checked.eval.sampling, r.context)
-  experiment.check_mesh(checked, dict(r.mesh.shape))
-  experiment.check_env_fits(checked.env, r.context)
+def _run(s: experiment.Settings, t_start: float) -> dict:
+  r = workdir_lib.setup(s)
+  experiment.check_eval_fits(s.eval.sampling, r.context)
+  experiment.check_mesh(s, dict(r.mesh.shape))
+  experiment.check_env_fits(s.env, r.context)
   workdir_lib.check_phases(r)
-  reward_cfg, lc = checked.reward, checked.rl_learner
-  method = methods.make(cfg, r.prompts(r.data.train, "train"))
+  method = methods.make(s.method, r.prompts(r.data.train, "train"))
   with contextlib.ExitStack() as stack:
-    verifier = stack.enter_context(open_verifier(reward_cfg, cfg.reward_workers))
+    verifier = stack.enter_context(open_verifier(s.reward, s.reward_workers))
     verifier.check_answers(r.data.train, "data.train_path")
     for name, exs in r.data.evals.items():
       verifier.check_answers(exs, f"eval set {name}")
@@ -399,11 +409,11 @@ def _run(cfg, checked, t_start: float) -> dict:
     mngr, state, meta = checkpoint.restore_or_init(
       os.path.join(r.workdir, "checkpoints"),
       model_cfg,
-      lc,
+      s.rl_learner,
       r.mesh,
       lambda: model_lib.load_hf(start_dir, mesh=r.mesh)[1],
-      seed=cfg.seed,
-      keep=cfg.checkpoint.keep,
+      seed=s.seed,
+      keep=s.checkpoint.keep,
     )
     if meta is not None:
       _restore_method(method, meta)
@@ -411,7 +421,7 @@ def _run(cfg, checked, t_start: float) -> dict:
     weights = learner.policy_weights(state)
     urls = stack.enter_context(local_servers(r, model_cfg, weights))
     sampler = make_sampler(r, model_cfg, weights, version, urls)
-    episodes = make_episodes(r, checked.env)
+    episodes = make_episodes(r, s.env)
     if "eval_before" not in r.progress:
       r.progress["eval_before"] = evaluate(
         r, sampler, eval_score, "before_rl", episodes, verifier.well_formed
@@ -419,20 +429,21 @@ def _run(cfg, checked, t_start: float) -> dict:
       r.save_progress()
     else:
       print(f"eval before RL: done before, reusing {r.workdir}/progress.json", flush=True)
-    env = rollout.StepContext(
+    ctx = rollout.StepContext(
       sampler,
       score,
-      rl=checked.rl_loop,
+      rl=s.rl_loop,
       encode=r.encode,
       encode_task=r.encode_task,
       answer_of=r.data.answer_of,
-      shaping_cfg=checked.shaping,
+      shaping_cfg=s.shaping,
       well_formed=verifier.well_formed,
       episodes=episodes,
     )
 
-    hub_id = cfg.model.path and not os.path.isdir(cfg.model.path) and start_dir == r.model_dir
-    base = cfg.model.path if hub_id else os.path.abspath(start_dir)  # what PEFT loads it on
+    path = s.model.path
+    hub_id = path and not os.path.isdir(path) and start_dir == r.model_dir
+    base = path if hub_id else os.path.abspath(start_dir)  # what PEFT loads it on
 
     def export(state, step: str = ""):
       """The policy as an HF dir, policy/ (or policy_steps/<step>/); LoRA: its adapter
@@ -445,18 +456,18 @@ def _run(cfg, checked, t_start: float) -> dict:
         os.path.join(r.workdir, where("policy_adapter")), model_cfg, state, base=base
       )
 
-    loop = checked.rl_loop
+    loop = s.rl_loop
     policy = learner.Learner.build(
-      model_cfg, lc, r.mesh, state, loop.batch_shape, loop.seed, r.pad_id
+      model_cfg, s.rl_learner, r.mesh, state, loop.batch_shape, loop.seed, r.pad_id
     )
-    train(r, policy, mngr, method, env, eval_score, meta, export=export)
+    train(r, policy, mngr, method, ctx, eval_score, meta, export=export)
     mngr.close()
-    if r.progress.get("eval_after_step") != cfg.rl.steps:
+    if r.progress.get("eval_after_step") != s.rl_steps:
       r.progress["eval_after"] = evaluate(
         r, sampler, eval_score, "after_rl", episodes, verifier.well_formed
       )
-      r.progress["eval_after_step"] = cfg.rl.steps
+      r.progress["eval_after_step"] = s.rl_steps
       r.save_progress()
-    if cfg.export_hf:
+    if s.export_hf:
       export(policy.state)
   return write_summary(r, method, time.time() - t_start)

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 
@@ -39,8 +39,7 @@ def json_file(path, obj=None):
 class Run:
   """What every phase of one run shares."""
 
-  cfg: Any  # the ml_collections config
-  settings: experiment.Settings  # its sections frozen and checked once (`experiment.check`)
+  settings: experiment.Settings  # the config, frozen and checked once (`experiment.check`)
   workdir: str
   progress: dict  # finished phases (progress.json)
   model_dir: str  # the HF dir the run starts from
@@ -56,12 +55,12 @@ class Run:
 
   def encode(self, text: str) -> list[int]:
     """Solving prompt: the problem plus the run's instruction, in the run's chat template."""
-    d = self.cfg.data
+    d = self.settings.data
     return format_prompt(self.tokenizer, text, d.instruction, d.chat_template)
 
   def encode_task(self, text: str) -> list[int]:
     """Any other task prompt (synthesis, composition): the run's chat template only."""
-    return format_prompt(self.tokenizer, text, "", self.cfg.data.chat_template)
+    return format_prompt(self.tokenizer, text, "", self.settings.data.chat_template)
 
   def prompts(self, examples, source: str) -> list[rollout.Prompt]:
     return [
@@ -92,15 +91,15 @@ def resolve_model(path: str, field: str, cache: str = "") -> str:
   return hub.resolve(path, field)
 
 
-def prepare_model(cfg) -> str:
+def prepare_model(m: experiment.ModelSource) -> str:
   """The HF dir to start from: `model.path` (a GGUF file or short name of one is converted
   once into the model cache), or a cached `make_tiny` build (a line names the cache, which
   is outside the work dir)."""
-  if cfg.model.path:
-    return resolve_model(cfg.model.path, "model.path", cfg.model.cache_dir)
-  tiny = cfg.model.tiny.to_dict() if hasattr(cfg.model.tiny, "to_dict") else dict(cfg.model.tiny)
+  if m.path:
+    return resolve_model(m.path, "model.path", m.cache_dir)
+  tiny = m.tiny.to_dict() if hasattr(m.tiny, "to_dict") else dict(m.tiny)
   key = hashlib.sha1(json.dumps(tiny, sort_keys=True).encode()).hexdigest()[:10]
-  path = os.path.join(cache_dir(cfg.model.cache_dir), f"tiny-{key}")
+  path = os.path.join(cache_dir(m.cache_dir), f"tiny-{key}")
   built = not os.path.exists(os.path.join(path, "config.json"))
   if built:
     tmp = path + f".tmp{os.getpid()}"
@@ -120,21 +119,20 @@ def prepare_model(cfg) -> str:
   return path
 
 
-def setup(cfg, checked: experiment.Settings | None = None) -> Run:
+def setup(s: experiment.Settings) -> Run:
   """The run's work dir, model, data, mesh and tokenizer (after `distributed.initialize`, which
-  `runner.run` calls once, first); `checked`: the config's sections as `experiment.check`
-  froze them (checked here when not given)."""
+  `runner.run` calls once, first), for the settings `experiment.check` returned."""
   from transformers import AutoTokenizer
 
-  workdir = os.path.abspath(cfg.workdir)
+  workdir = os.path.abspath(s.workdir)
   os.makedirs(workdir, exist_ok=True)
   distributed.check_shared_workdir(workdir)
   progress_path = os.path.join(workdir, "progress.json")
   progress = json_file(progress_path) if os.path.exists(progress_path) else {}
-  model_dir = prepare_model(cfg)
-  data = datasets.prepare(cfg.data, cfg.seed)
-  json_file(os.path.join(workdir, "config.json"), cfg.to_dict())  # what launch.evaluate --run reads
-  mesh = sharding.make_mesh(cfg.mesh.to_dict())
+  model_dir = prepare_model(s.model)
+  data = datasets.prepare(s.data, s.seed)
+  json_file(os.path.join(workdir, "config.json"), s.written)  # what launch.evaluate --run reads
+  mesh = sharding.make_mesh(dict(s.mesh))
   if jax.process_count() > 1:
     print(
       f"process {jax.process_index()} of {jax.process_count()}: global mesh "
@@ -143,8 +141,7 @@ def setup(cfg, checked: experiment.Settings | None = None) -> Run:
       flush=True,
     )
   run = Run(
-    cfg,
-    checked or experiment.check(cfg),
+    s,
     workdir,
     progress,
     model_dir,
@@ -184,9 +181,9 @@ def _defaults() -> dict:
   return out
 
 
-def phase_settings(cfg) -> dict[str, dict]:
-  """The settings each reusable phase depends on, flat ("sft.steps": 400, ...)."""
-  d = json.loads(json.dumps(cfg.to_dict()))  # tuples as lists, as progress.json holds them
+def phase_settings(d: Mapping[str, Any]) -> dict[str, dict]:
+  """The settings each reusable phase depends on, flat ("sft.steps": 400, ...), from the
+  config as JSON values (`Settings.written`: tuples as lists, as progress.json holds them)."""
   data = _flat(d["data"], "data.")
   model = {k: v for k, v in _flat(d["model"], "model.").items() if k not in _PLACE_ONLY}
   made = {"seed": d["seed"], **model, **data}
@@ -205,7 +202,7 @@ def check_phases(run: Run) -> None:
   line naming the first changed field; settings of phases not yet recorded are recorded."""
   done = run.progress.setdefault("settings", {})
   derived = experiment.derived_paths()
-  for phase, now in phase_settings(run.cfg).items():
+  for phase, now in phase_settings(run.settings.written).items():
     recorded = done.setdefault(phase, now)
     # A derived field (sft.learner.total_steps) follows its source, which is compared itself.
     was = {k: v for k, v in recorded.items() if k not in _PLACE_ONLY and k not in derived}

@@ -175,10 +175,10 @@ def test_unknown_method_names_the_known_ones():
   import ml_collections
 
   cfg = ml_collections.ConfigDict({"method": "grpo++", "seed": 0})
-  with pytest.raises(
-    ValueError, match=r"method: unknown 'grpo\+\+'; known: \['composition', 'qbq', 'rlvr', 'svs'\]"
-  ):
-    methods.make(cfg, _prompts(4, 3))
-  cfg.method = "no_such_module:make"
+  known = r"method: unknown 'grpo\+\+'; known: \['composition', 'qbq', 'rlvr', 'svs'\]"
+  with pytest.raises(ValueError, match=known):
+    methods.check(cfg)  # at launch
+  with pytest.raises(ValueError, match=known):
+    methods.make(methods.MethodSettings("grpo++"), _prompts(4, 3))
   with pytest.raises(ValueError, match="cannot load 'no_such_module:make'"):
-    methods.make(cfg, _prompts(4, 3))
+    methods.make(methods.MethodSettings("no_such_module:make"), _prompts(4, 3))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import struct
-from types import SimpleNamespace
 
 import gguf
 import jax
@@ -38,8 +37,9 @@ def smollm2(tmp_path_factory):
 
 def _prepare(path: str, cache: str) -> str:
   from rlvr.run import workdir
+  from rlvr.run.experiment import ModelSource
 
-  return workdir.prepare_model(SimpleNamespace(model=SimpleNamespace(path=path, cache_dir=cache)))
+  return workdir.prepare_model(ModelSource(path=path, cache_dir=cache))
 
 
 def _ids(tokenizer) -> list[int]:

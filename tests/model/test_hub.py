@@ -85,7 +85,7 @@ def test_the_tiny_model_cache_is_named_and_rlvr_cache_dir_moves_it(tmp_path, mon
 
   cfg = tiny_rlvr.get_config()  # model.path "": a tiny random model, cached outside the run
   monkeypatch.delenv("RLVR_CACHE_DIR", raising=False)
-  home = workdir.prepare_model(cfg)  # in ~/.cache/rlvr, as tests/run/test_oom.py builds it
+  home = workdir.prepare_model(cfg.model)  # in ~/.cache/rlvr, as tests/run/test_oom.py builds it
   assert os.path.dirname(home) == os.path.expanduser("~/.cache/rlvr")
   name = os.path.basename(home)
   for where, setting in (("env", ""), ("config", str(tmp_path / "config"))):
@@ -95,7 +95,7 @@ def test_the_tiny_model_cache_is_named_and_rlvr_cache_dir_moves_it(tmp_path, mon
     monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path / "env"))
     cfg.model.cache_dir = setting
     capsys.readouterr()
-    assert workdir.prepare_model(cfg) == str(cache / name)
+    assert workdir.prepare_model(cfg.model) == str(cache / name)
     assert (
       capsys.readouterr().out
       == f"model: tiny random model from {cache / name} (model.cache_dir or $RLVR_CACHE_DIR moves it)\n"

@@ -188,6 +188,7 @@ def test_a_folder_imports_only_the_folders_below_it(folder):
         "rlvr.sampling.config",
         "rlvr.envs",
         "rlvr.common.named",
+        "rlvr.methods",
       ),
     ),
     ("rlvr.common.named", ()),

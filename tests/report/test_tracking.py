@@ -14,9 +14,6 @@ import sys
 import pytest
 import run_output
 import tiny_run
-from absl import flags
-from ml_collections import config_flags
-from paths import REPO
 
 from rlvr.report import metrics
 from rlvr.run import experiment
@@ -154,13 +151,7 @@ def test_processes_other_than_0_and_runs_without_wandb_start_no_wandb_run(tmp_pa
 
 
 def _load(*overrides: str):
-  argv = ["train", f"--config={os.path.join(REPO, 'configs', 'tiny_rlvr.py')}", *overrides]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file(
-    "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
-  )
-  fv(argv)
-  return fv.config
+  return tiny_run.config("tiny_rlvr", *overrides)
 
 
 def test_logging_section_defaults_and_overrides():

@@ -224,13 +224,13 @@ def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
   class Scoring:  # a method whose buffer only scores: the step's metrics of one score call
     name = "scoring"
 
-    def buffer(self, env, step):
-      env.score(texts, golds, PROBLEMS)
-      env.score(texts[:3], golds[:3], PROBLEMS[:3])
+    def buffer(self, ctx, step):
+      ctx.score(texts, golds, PROBLEMS)
+      ctx.score(texts[:3], golds[:3], PROBLEMS[:3])
       return [], {}
 
-  env = step_context(None, _verifier("some_not_numbers").score)
-  m = rollout.build_buffer(Scoring(), env, step=0, version=0).metrics
+  ctx = step_context(None, _verifier("some_not_numbers").score)
+  m = rollout.build_buffer(Scoring(), ctx, step=0, version=0).metrics
   assert m["verdict_fn_not_finite"] == 5 and m["verdict_fn_wrong_length"] == 3
   assert m["verdict_scored"] == 3 and m["verdict_fn_raised"] == 0
 

@@ -47,14 +47,14 @@ class _Scoring:
   def __init__(self, texts, golds):
     self.texts, self.golds = texts, golds
 
-  def buffer(self, env, step):
-    env.score(self.texts, self.golds)
+  def buffer(self, ctx, step):
+    ctx.score(self.texts, self.golds)
     return [], {}
 
 
 def _step_metrics(score_fn, texts, golds) -> dict:
-  env = step_context(None, score_fn)
-  return rollout.build_buffer(_Scoring(texts, golds), env, step=0, version=0).metrics
+  ctx = step_context(None, score_fn)
+  return rollout.build_buffer(_Scoring(texts, golds), ctx, step=0, version=0).metrics
 
 
 def test_unjudgeable_programs_score_zero_among_normal_ones():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import subprocess
+import sys
 
 import ml_collections
 import pytest
@@ -19,7 +21,7 @@ from rlvr.common import settings
 from rlvr.data import datasets
 from rlvr.methods import qbq as qbq_method
 from rlvr.rewards import RewardConfig
-from rlvr.run import evaluation
+from rlvr.run import evaluation, experiment
 from synthesis import svs
 
 CONFIGS = sorted(
@@ -29,15 +31,7 @@ CONFIGS = sorted(
 )
 
 
-def _load(name: str, *overrides: str) -> ml_collections.ConfigDict:
-  """The config as launch/train.py builds it from `--config=... --config.x=...`."""
-  argv = ["train", f"--config={os.path.join(REPO, 'configs', name + '.py')}", *overrides]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file(
-    "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
-  )
-  fv(argv)
-  return fv.config
+_load = tiny_run.config
 
 
 def _leaves(c: ml_collections.ConfigDict, prefix=""):
@@ -318,6 +312,8 @@ def test_every_config_passes_the_start_up_checks(name):
   c = importlib.import_module(f"configs.{name}").get_config()
   if c.sampler.kind == "vllm" and not c.sampler.local_servers:  # paper configs: servers by flag
     c.sampler.urls = ["http://localhost:8000"]
+  if c.method == "qbq" and not c.qbq.teacher:  # the teacher's server: by flag too
+    c.qbq.teacher = "http://localhost:8001/v1"
   checked = experiment.check(c)
   assert checked.rl_loop.group_size >= 2 and checked.checkpoint.every >= 1
 
@@ -384,9 +380,9 @@ def test_a_rerun_with_other_settings_for_a_finished_phase_stops(tmp_path):
   from rlvr.run import workdir
 
   c = _load("tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50")
-  run = workdir.setup(c)
+  run = workdir.setup(experiment.check(c))
   workdir.check_phases(run)  # first run: settings recorded
-  workdir.check_phases(workdir.setup(c))  # same settings: reused
+  workdir.check_phases(workdir.setup(experiment.check(c)))  # same settings: reused
   for override, message in (
     (
       "--config.sft.steps=60",
@@ -403,7 +399,7 @@ def test_a_rerun_with_other_settings_for_a_finished_phase_stops(tmp_path):
       "tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50", override
     )
     with pytest.raises(ValueError) as e:
-      workdir.check_phases(workdir.setup(changed))
+      workdir.check_phases(workdir.setup(experiment.check(changed)))
     assert str(e.value).startswith(message), str(e.value)
 
 
@@ -413,13 +409,13 @@ def test_a_record_without_a_newer_field_resumes_at_its_default(tmp_path):
   from rlvr.run import workdir
 
   c = _load("tiny_rlvr", f"--config.workdir={tmp_path}", "--config.data.arithmetic.n_train=50")
-  run = workdir.setup(c)
+  run = workdir.setup(experiment.check(c))
   workdir.check_phases(run)
   progress = json.loads((tmp_path / "progress.json").read_text())
   for phase in progress["settings"].values():
     del phase["data.chat_template"]
   (tmp_path / "progress.json").write_text(json.dumps(progress))
-  workdir.check_phases(workdir.setup(c))  # the default: reused, and now recorded
+  workdir.check_phases(workdir.setup(experiment.check(c)))  # the default: reused, and now recorded
   recorded = json.loads((tmp_path / "progress.json").read_text())["settings"]["sft"]
   assert recorded["data.chat_template"] == ""
   other = _load(
@@ -429,7 +425,7 @@ def test_a_record_without_a_newer_field_resumes_at_its_default(tmp_path):
     "--config.data.chat_template=none",
   )
   with pytest.raises(ValueError, match="^data.chat_template: the sft phase"):
-    workdir.check_phases(workdir.setup(other))
+    workdir.check_phases(workdir.setup(experiment.check(other)))
 
 
 def test_batches_the_mesh_does_not_split_are_refused():
@@ -482,3 +478,43 @@ def test_the_methods_own_section_is_checked_before_anything_is_built(
     runner.run(c)
   assert str(e.value) == message
   assert not os.path.exists(c.workdir)  # refused before the work dir, the model or the data
+
+
+def test_a_runs_vllm_servers_take_their_options_from_its_settings():
+  """One source for each server option: LoRA's rank is rl.learner.lora.rank where adapters
+  are pushed, the longest sequence covers evaluation and episodes (rounded up to 256)."""
+  from rlvr.run import runner
+
+  def options(*overrides):
+    return runner.server_options(experiment.check(_load("tiny_rlvr", *overrides)), 2048)
+
+  pushed = options("--config.rl.learner.lora.rank=4", "--config.sampler.lora_adapters=True")
+  assert pushed.lora_rank == 4 and pushed.served_model_name == "policy"
+  assert options("--config.rl.learner.lora.rank=4").lora_rank == 0  # merged weights pushed
+  long_eval = options(
+    "--config.eval.sampling.max_tokens=600", "--config.rl.loop.max_prompt_len=100"
+  )
+  assert long_eval.max_model_len == 768
+  assert options("--config.eval.sampling.max_tokens=5000").max_model_len == 2048  # the model's
+
+
+def test_serve_vllm_refuses_a_flag_its_config_decides(tmp_path):
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launch.serve_vllm",
+      f"--model={tmp_path}",
+      "--config=configs/tiny_rlvr.py",
+      "--lora_rank=8",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    env=tiny_run.env(),
+  )
+  assert done.returncode != 0
+  assert (
+    "--lora_rank: --config decides it (rl.learner.lora.rank with sampler.lora_adapters); "
+    "drop --lora_rank" in done.stderr
+  ), done.stderr[-2000:]

@@ -91,7 +91,9 @@ def test_evaluate_out_of_memory_is_one_line(tmp_path):
   from configs import tiny_rlvr
   from rlvr.run import workdir
 
-  model_dir = workdir.prepare_model(tiny_rlvr.get_config())  # cached, as launch.train makes it
+  model_dir = workdir.prepare_model(
+    tiny_rlvr.get_config().model
+  )  # cached, as launch.train makes it
   p = subprocess.run(
     tiny_run.argv(
       tmp_path / "eval",
