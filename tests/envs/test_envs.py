@@ -88,8 +88,8 @@ def test_the_budgets_end_episodes_as_truncated(policy):
 def episode_groups(policy):
   """Scored groups of Echo episodes, as a method's rollout makes them."""
   _, _, tok, sampler = policy
-  env = step_context(sampler, even_length, tok, rl=RL, episodes=_episodes(tok))
-  return env.sample_and_score(_prompts(tok), RL.sampling_params(seed=7))
+  ctx = step_context(sampler, even_length, tok, rl=RL, episodes=_episodes(tok))
+  return ctx.sample_and_score(_prompts(tok), RL.sampling_params(seed=7))
 
 
 def test_observations_are_outside_the_loss(policy, episode_groups, one_device_learner):
@@ -209,11 +209,11 @@ def test_every_method_steps_in_an_environment(policy, one_device_learner, name, 
   cfg, params, tok, sampler = policy
   enc = lambda text: tok.encode(text)
   rl = RLConfig(prompts_per_step=4, group_size=4, max_prompt_len=256, max_response_len=12)
-  env = step_context(sampler, even_length, tok, rl=rl, encode=enc, episodes=_episodes(tok))
+  ctx = step_context(sampler, even_length, tok, rl=rl, encode=enc, episodes=_episodes(tok))
   texts = [f"Compute {i}+{i + 3}." for i in range(24)]
   prompts = [Prompt(tuple(enc(t)), str(2 * i + 3), t, "composed-d1") for i, t in enumerate(texts)]
   lrn = one_device_learner(cfg, params, 1e-3, rl=rl, pad_id=tok.pad_token_id)
-  m = rollout.rl_step(lrn, _method(name, prompts, tmp_path), env, 0)
+  m = rollout.rl_step(lrn, _method(name, prompts, tmp_path), ctx, 0)
   assert m["turns_mean"] > 1 and m["obs_tokens_frac"] > 0, m
 
 

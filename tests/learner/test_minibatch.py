@@ -30,10 +30,10 @@ def rollout(tiny_dirs):
   """Eight mixed groups sampled from the tiny model, and what the learner needs."""
   cfg, params = model.load_hf(tiny_dirs["qwen2"])
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
-  env = step_context(JaxSampler(cfg, params, tok), even_length, tok, rl=RL)
+  ctx = step_context(JaxSampler(cfg, params, tok), even_length, tok, rl=RL)
   prompts = [Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
   it = iter(prompts)
-  kept, _, _ = gather_groups(env, lambda k: [next(it) for _ in range(k)], step=0)
+  kept, _, _ = gather_groups(ctx, lambda k: [next(it) for _ in range(k)], step=0)
   assert len(kept) == RL.prompts_per_step
   return cfg, params, tok.pad_token_id, kept
 

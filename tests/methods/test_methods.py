@@ -44,10 +44,10 @@ def run_steps(make_learner, model_dir, method, rl, score_fn, steps=3, lr=1e-3, a
   tok = AutoTokenizer.from_pretrained(model_dir)
   lrn = make_learner(cfg, params, lr, rl=rl, pad_id=tok.pad_token_id)
   enc = lambda text: format_prompt(tok, text, "")
-  env = step_context(
+  ctx = step_context(
     JaxSampler(cfg, params, tok), score_fn, tok, rl=rl, encode=enc, answer_of=answer_of
   )
-  return [rollout.rl_step(lrn, method, env, step) for step in range(steps)]
+  return [rollout.rl_step(lrn, method, ctx, step) for step in range(steps)]
 
 
 def _untimed(rows):

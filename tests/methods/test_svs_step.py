@@ -34,10 +34,10 @@ def _step(make_learner, sampler, cfg, params, tok, prompts, score_fn, rl, svs_cf
   """One rl_step of the SvS method over `prompts` (drawn in a seeded shuffle)."""
   lrn = make_learner(cfg, params, lr, rl=rl, pad_id=tok.pad_token_id, **kw.pop("learner", {}))
   enc = lambda text: format_prompt(tok, text, "")
-  env = step_context(sampler, score_fn, tok, rl=rl, encode=enc, **kw.pop("env", {}))
+  ctx = step_context(sampler, score_fn, tok, rl=rl, encode=enc, **kw.pop("ctx", {}))
   samples = kw.pop("samples", None)
   method = svs_method.SvS(prompts, 0, svs_cfg, **kw)
-  m = rollout.rl_step(lrn, method, env, 0, samples=samples)
+  m = rollout.rl_step(lrn, method, ctx, 0, samples=samples)
   return lrn.state, m
 
 
@@ -159,7 +159,7 @@ def _arithmetic_step(
     ARITH_SVS,
     1e-4,
     template=arithmetic.INVERSE_TEMPLATE,
-    env={"answer_of": arithmetic.answer_of},
+    ctx={"answer_of": arithmetic.answer_of},
     samples=samples,
     # A few hundred groups: micro-batches of 64 rows keep the update near 2 GiB (one pass
     # over them all peaks near 10 GiB on CPU).

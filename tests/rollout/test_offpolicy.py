@@ -18,7 +18,7 @@ import run_copies
 import tiny_run
 from paths import REPO
 from rules import even_length
-from test_rl_step import PROMPTS, RL, _env
+from test_rl_step import PROMPTS, RL, _ctx
 from test_vllm_sampler import tiny_rlvr_on_server
 from transformers import AutoTokenizer
 
@@ -32,16 +32,16 @@ _TIMING = (*tiny_run.TIMING, "overlap_frac")
 
 
 def _run(sampler, lrn, tok, rl, overlap, steps=3):
-  env = _env(sampler, tok, even_length)
-  env.rl = rl
+  ctx = _ctx(sampler, tok, even_length)
+  ctx.rl = rl
   lrn.shape, lrn.seed = rl.batch_shape, rl.seed
   lrn.pad_id = tok.pad_token_id
   method = plain.Plain(PROMPTS, seed=0)
-  buffers = rollout.Buffers(method, env, overlap=overlap, last_step=steps)
+  buffers = rollout.Buffers(method, ctx, overlap=overlap, last_step=steps)
   rows = []
   try:
     for step in range(steps):
-      rows.append(rollout.rl_step(lrn, method, env, step, buffers=buffers))
+      rows.append(rollout.rl_step(lrn, method, ctx, step, buffers=buffers))
   finally:
     buffers.close()
   return lrn.state, rows
@@ -114,8 +114,8 @@ def test_a_worker_thread_changes_when_a_buffer_is_built_not_what_it_holds(
 
 def test_a_buffer_kept_with_a_checkpoint_loads_back_exactly(tiny, tmp_path):
   cfg, params, tok = tiny
-  env = _env(JaxSampler(cfg, params, tok), tok, even_length)
-  buf = rollout.build_buffer(plain.Plain(PROMPTS, seed=0), env, 3, version=2)
+  ctx = _ctx(JaxSampler(cfg, params, tok), tok, even_length)
+  buf = rollout.build_buffer(plain.Plain(PROMPTS, seed=0), ctx, 3, version=2)
   buf.metrics.update(method_count=np.int64(7), method_share=np.float32(0.5))  # numpy scalars
   buf.groups[0].tags["data_type"] = "original"  # a method's labels (the samples log's tags)
   path = buffer_file.save(str(tmp_path), buf)

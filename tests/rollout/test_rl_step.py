@@ -58,7 +58,7 @@ def _draw():
   return draw, state
 
 
-def _env(sampler, tok, score_fn):
+def _ctx(sampler, tok, score_fn):
   return step_context(sampler, score_fn, tok, rl=RL)
 
 
@@ -66,7 +66,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   cfg, params, tok = tiny
   sampler = JaxSampler(cfg, params, tok)
   draw, state = _draw()
-  kept, sampled, rounds = rollout.gather_groups(_env(sampler, tok, even_length), draw, step=0)
+  kept, sampled, rounds = rollout.gather_groups(_ctx(sampler, tok, even_length), draw, step=0)
   assert len(kept) == RL.prompts_per_step
   assert all(g.mixed for g in kept)
   assert len(sampled) == state["i"] >= len(kept)
@@ -88,7 +88,7 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
   cfg, params, tok = tiny
   draw, state = _draw()
   with pytest.raises(rollout.NoSignalError) as e:
-    rollout.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_right), draw, step=0)
+    rollout.gather_groups(_ctx(JaxSampler(cfg, params, tok), tok, always_right), draw, step=0)
   assert str(e.value) == (
     "step 0: no group with mixed rewards in 20 prompts over 3 rounds (solve_all 100%, "
     "solve_none 0%); the problems are too easy for the policy: give harder ones; or raise "
@@ -103,7 +103,7 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
     return r, r > 0
 
   with pytest.raises(rollout.NoSignalError) as e:
-    rollout.gather_groups(_env(JaxSampler(cfg, params, tok), tok, always_wrong), _draw()[0], step=0)
+    rollout.gather_groups(_ctx(JaxSampler(cfg, params, tok), tok, always_wrong), _draw()[0], step=0)
   fix = (
     "the problems are too hard for the policy: warm-start it with SFT (sft.steps > 0, on "
     "worked solutions) or start from a trained checkpoint (model.path)"
@@ -123,7 +123,7 @@ def test_one_step_with_jax_sampler_updates_and_syncs(tiny, one_device_learner):
   cfg, params, tok = tiny
   lrn = one_device_learner(cfg, params, 1e-3, rl=RL, pad_id=tok.pad_token_id)
   sampler = JaxSampler(cfg, params, tok)
-  m = rollout.rl_step(lrn, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0)
+  m = rollout.rl_step(lrn, plain.Plain(PROMPTS, seed=0), _ctx(sampler, tok, even_length), 0)
   assert int(lrn.state.step) == 1 and sampler.version == 1
   assert sampler._params is lrn.state.params
   for key in (
@@ -168,7 +168,7 @@ def test_one_step_with_vllm_sampler_syncs_weights(
   try:
     # The session's server is shared: other tests may have left their weights on it.
     sampler.update_weights(lrn.state.params, version=0)
-    m = rollout.rl_step(lrn, plain.Plain(PROMPTS, seed=0), _env(sampler, tok, even_length), 0)
+    m = rollout.rl_step(lrn, plain.Plain(PROMPTS, seed=0), _ctx(sampler, tok, even_length), 0)
     assert sampler.version == 1 and m["groups_kept"] == 4
     assert m["mismatch_abs"] < 1e-3  # vLLM's logprobs vs the learner's, before the update
     info = sampler._session().get(vllm_server.url + "/weight_info").json()
