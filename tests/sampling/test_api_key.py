@@ -14,6 +14,7 @@ import pytest
 from paths import REPO
 
 from configs import tiny_qbq
+from rlvr import methods
 from rlvr.methods import qbq as qbq_method
 from rlvr.model.config import ModelConfig
 from rlvr.sampling import SamplingParams
@@ -38,24 +39,24 @@ def keyed_server(served_model_dir, tmp_path_factory):
   server.stop()
 
 
-def _qbq_config(url: str, api_key: str, workdir: str):
+def _qbq_settings(url: str, api_key: str, workdir: str):
   cfg = tiny_qbq.get_config()
   cfg.workdir = workdir
   cfg.qbq.teacher, cfg.qbq.teacher_max_tokens = url, 8
   cfg.sampler.api_key = api_key
-  return cfg
+  return methods.check(cfg)  # the method's settings, as a run makes them at launch
 
 
 def test_qbq_teacher_sends_the_configured_or_environment_key(keyed_server, tmp_path, monkeypatch):
   monkeypatch.delenv(API_KEY_ENV, raising=False)
   with pytest.raises(AssistantError, match=f"{keyed_server.url}/v1/models: HTTP 401"):
-    qbq_method.make(_qbq_config(keyed_server.url, "", str(tmp_path)), [])
+    qbq_method.make(_qbq_settings(keyed_server.url, "", str(tmp_path)), [])
   with pytest.raises(AssistantError, match="HTTP 401"):  # a wrong key is no key
-    qbq_method.make(_qbq_config(keyed_server.url, "wrong", str(tmp_path)), [])
-  method = qbq_method.make(_qbq_config(keyed_server.url, KEY, str(tmp_path)), [])
+    qbq_method.make(_qbq_settings(keyed_server.url, "wrong", str(tmp_path)), [])
+  method = qbq_method.make(_qbq_settings(keyed_server.url, KEY, str(tmp_path)), [])
   assert [type(t) for t in method.external(["Compute 1+1.", "Compute 2+3."])] == [str, str]
   monkeypatch.setenv(API_KEY_ENV, KEY)  # sampler.api_key unset: the environment's key
-  method = qbq_method.make(_qbq_config(keyed_server.url, "", str(tmp_path)), [])
+  method = qbq_method.make(_qbq_settings(keyed_server.url, "", str(tmp_path)), [])
   assert isinstance(method.external(["Compute 1+1."])[0], str)
 
 
