@@ -33,6 +33,8 @@ from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import model_configs  # noqa: E402  (bench/: the FLOPs and the matmul peak)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "smollm2-135m-instruct", "HF folder, GGUF file or short name.")
@@ -200,20 +202,14 @@ def update_flops(model: str, problems: str, rows: list[dict]) -> float:
   completion = mean_after_first(rows, "tokens")
   tokens = sum(lens) / len(lens) * FLAGS.prompts * FLAGS.group + completion
   seq = tokens / (FLAGS.prompts * FLAGS.group)
-  sys.path.insert(0, os.path.join(ROOT, "bench"))
-  from model_configs import model_flops_per_token
-
-  return model_flops_per_token(cfg, int(seq)) * tokens
+  return model_configs.model_flops_per_token(cfg, int(seq)) * tokens
 
 
 def matmul_peak() -> float:
   """This process's best FLOP/s on square matmuls of the update's dtype."""
   import jax.numpy as jnp
 
-  sys.path.insert(0, os.path.join(ROOT, "bench"))
-  from model_configs import matmul_peak as peak
-
-  return peak(jnp.dtype(FLAGS.dtype))
+  return model_configs.matmul_peak(jnp.dtype(FLAGS.dtype))
 
 
 def main(_):

@@ -6,9 +6,9 @@ r"""Starts a vLLM server for a model directory with the flags the rlvr client ne
 
 With --config, the options the run's settings decide come from them, as a run's own servers
 take them (`runner.server_options`): the model name (sampler.model), max_model_len (the
-longest prompt + response, evaluation or episode), the weight-transfer backend (sampler.weight_sync / transfer_backend) and the
-LoRA rank (rl.learner.lora.rank when sampler.lora_adapters); passing one of those flags as
-well is an error.
+longest prompt + response, evaluation or episode), the weight-transfer backend
+(sampler.weight_sync / transfer_backend) and the LoRA rank (rl.learner.lora.rank when
+sampler.lora_adapters); passing one of those flags as well is an error.
 
 Dev-mode routes (weight reloads) are on; the server binds 127.0.0.1 unless
 --host says otherwise (then set --api_key). Prints the URL once healthy and
@@ -80,17 +80,23 @@ FROM_CONFIG = {
 }
 
 
+def positions(model_dir: str) -> int | None:
+  """The model's max_position_embeddings (config.json), None where it does not say."""
+  try:
+    with open(os.path.join(model_dir, "config.json")) as f:
+      n = json.load(f).get("max_position_embeddings")
+  except (OSError, ValueError):
+    return None
+  return int(n) if n else None
+
+
 def max_model_len(model_dir: str) -> int:
   """--max_model_len; when not given, capped at the model's max_position_embeddings (vLLM
   refuses a longer one, e.g. 4096 on a make_tiny model's 2048 positions)."""
   if FLAGS["max_model_len"].present:
     return FLAGS.max_model_len
-  try:
-    with open(os.path.join(model_dir, "config.json")) as f:
-      positions = json.load(f).get("max_position_embeddings")
-  except (OSError, ValueError):
-    positions = None
-  return min(FLAGS.max_model_len, int(positions)) if positions else FLAGS.max_model_len
+  n = positions(model_dir)
+  return min(FLAGS.max_model_len, n) if n else FLAGS.max_model_len
 
 
 def options_from_config(given: dict):
@@ -100,9 +106,8 @@ def options_from_config(given: dict):
   for name, source in FROM_CONFIG.items():
     if FLAGS[name].present:
       raise app.UsageError(f"--{name}: --config decides it ({source}); drop --{name}")
-  with open(os.path.join(FLAGS.model, "config.json")) as f:
-    positions = int(json.load(f).get("max_position_embeddings") or FLAGS.max_model_len)
-  return runner.server_options(experiment.check(FLAGS.config), positions, **given)
+  n = positions(FLAGS.model) or FLAGS.max_model_len
+  return runner.server_options(experiment.check(FLAGS.config), n, **given)
 
 
 def main(argv):
