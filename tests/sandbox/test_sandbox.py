@@ -264,8 +264,8 @@ def test_a_batch_of_busy_loops_ends_within_its_wall_bound():
   result = code.score(["while True:\n  pass\n"] * 8, [DOUBLE] * 8, cfg)
   elapsed = time.monotonic() - start
   assert [v.reason for v in result.verdicts] == ["timeout"] * 8, [
-    (v.reason, v.detail) for v in result.verdicts
-  ]
+    (i, v.reason, v.detail) for i, v in enumerate(result.verdicts) if v.reason != "timeout"
+  ]  # only the odd ones: pytest cuts a long message short
   assert [v.passed for v in result.verdicts] == [0] * 8
   assert elapsed < 3 * (2 * LIMITS.wall_s + NEXT_S), elapsed
 
