@@ -101,30 +101,91 @@ def pytest_testnodedown(node, error):
     _WORKERS[node.gateway.id] = json.loads(figures)
 
 
-def _server_users() -> dict[str, set[str] | None]:
-  """{module: the names of its tests that take the session's one vLLM server, or None when
-  one of its fixtures takes it (then every test of the module goes with the server)}."""
-  users = {}
+def _fixture_scope(node: ast.FunctionDef) -> tuple[str, bool] | None:
+  """(scope, autouse) of a `@pytest.fixture(...)` function, None for any other function."""
+  for dec in node.decorator_list:
+    call = dec if isinstance(dec, ast.Call) else None
+    name = ast.unparse(call.func if call else dec)
+    if name in ("pytest.fixture", "fixture"):
+      kw = {k.arg: k.value for k in call.keywords} if call else {}
+      scope = kw["scope"].value if isinstance(kw.get("scope"), ast.Constant) else "function"
+      autouse = isinstance(kw.get("autouse"), ast.Constant) and kw["autouse"].value is True
+      return scope, autouse
+  return None
+
+
+def _module_units(tree: ast.Module) -> dict[str, str] | None:
+  """{test name: its unit within the module}: tests that share a module-scoped fixture of
+  their module (directly or through its other fixtures) are one unit, named after the
+  first of those fixtures; the module's other tests are the unit "". None when a
+  module-scoped fixture is autouse (the whole module is one unit)."""
+  fixtures, tests = {}, {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.FunctionDef):
+      args = [a.arg for a in node.args.args]
+      found = _fixture_scope(node)
+      if found is not None:
+        fixtures[node.name] = (found, args)
+      elif node.name.startswith("test_"):
+        tests[node.name] = args
+  shared = {n for n, ((scope, _), _) in fixtures.items() if scope in ("module", "class")}
+  if any(fixtures[n][0][1] for n in shared):
+    return None
+
+  def reach(names, seen):
+    for n in names:
+      if n in fixtures and n not in seen:
+        seen.add(n)
+        reach(fixtures[n][1], seen)
+    return seen
+
+  groups: list[set[str]] = []  # sets of shared fixtures, merged when a test takes two
+  units = {}
+  for test, args in tests.items():
+    mine = reach(args, set()) & shared
+    for g in [g for g in groups if g & mine]:
+      groups.remove(g)
+      mine |= g
+    if mine:
+      groups.append(mine)
+    units[test] = mine
+  return {t: min(next(g for g in groups if g >= m)) if m else "" for t, m in units.items()}
+
+
+def _suite_units() -> tuple[dict[str, set[str] | None], dict[str, dict[str, str] | None]]:
+  """({module: the names of its tests that take the session's one vLLM server, or None when
+  one of its fixtures takes it (then every test of the module goes with the server)},
+  {module: its tests' units (`_module_units`)})."""
+  users, units = {}, {}
   for path in glob.glob(os.path.join(_TESTS, "**", "test_*.py"), recursive=True):
+    module = os.path.relpath(path, os.path.dirname(_TESTS))
+    tree = ast.parse(open(path).read())
     tests, whole = set(), False
-    for node in ast.walk(ast.parse(open(path).read())):
+    for node in ast.walk(tree):
       if isinstance(node, ast.FunctionDef) and "vllm_server" in [a.arg for a in node.args.args]:
         whole |= not node.name.startswith("test_")
         tests.add(node.name)
     if tests:
-      users[os.path.relpath(path, os.path.dirname(_TESTS))] = None if whole else tests
-  return users
+      users[module] = None if whole else tests
+    units[module] = _module_units(tree)
+  return users, units
 
 
-_SERVER_USERS = _server_users()
+_SERVER_USERS, _UNITS = _suite_units()
 
 
 def _scope(nodeid: str) -> str:
   """The unit of work a pytest-xdist worker takes whole: "vllm" for a test that takes the
-  session's server (or whose module's fixtures do), else its module."""
+  session's server (or whose module's fixtures do); else the tests of its module that share
+  its module-scoped fixtures (built once), or the module's tests that share none."""
   module, _, rest = nodeid.partition("::")
+  name = rest.split("::")[-1].split("[")[0]
   tests = _SERVER_USERS.get(module, ())
-  return "vllm" if tests is None or rest.split("::")[-1].split("[")[0] in tests else module
+  if tests is None or name in tests:
+    return "vllm"
+  units = _UNITS.get(module)
+  unit = units.get(name, "") if units else ""
+  return f"{module}::{unit}" if unit else module
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -177,29 +238,31 @@ def pytest_collection_modifyitems(config, items):
 
 def _order(items, seconds: dict[str, float]) -> None:
   """The server's tests first, in the order of their modules' file names whatever the
-  folder (they push weights in that order), then the other modules by the seconds their
-  slow tests took (tests/slow_tests.txt), longest first, so that no long module starts
+  folder (they push weights in that order), then the other units (`_scope`) by the seconds
+  their slow tests took (tests/slow_tests.txt), longest first, so that no long unit starts
   last and keeps one worker busy alone."""
   cost: dict[str, float] = {}
   for name, s in seconds.items():
-    module = "tests/" + name.split("::")[0]
-    cost[module] = cost.get(module, 0.0) + s
+    unit = _scope("tests/" + name)
+    cost[unit] = cost.get(unit, 0.0) + s
 
   def key(item):
-    module = item.nodeid.split("::")[0]
-    first = _scope(item.nodeid) == "vllm"
-    return (not first, 0.0 if first else -cost.get(module, 0.0), os.path.basename(module))
+    unit = _scope(item.nodeid)
+    if unit == "vllm":
+      return (False, 0.0, os.path.basename(item.nodeid.split("::")[0]))
+    return (True, -cost.get(unit, 0.0), unit)
 
   items.sort(key=key)
 
 
-_MODULE_SECONDS: dict[str, list] = {}  # module -> [seconds, worker]: where the suite's time goes
+# module -> {worker: seconds}: where the suite's time goes
+_MODULE_SECONDS: dict[str, dict[str, float]] = {}
 
 
 def pytest_runtest_logreport(report):
-  seconds = _MODULE_SECONDS.setdefault(report.nodeid.split("::")[0], [0.0, ""])
-  seconds[0] += report.duration
-  seconds[1] = getattr(report, "node", None) and report.node.gateway.id or seconds[1]
+  by_worker = _MODULE_SECONDS.setdefault(report.nodeid.split("::")[0], {})
+  worker = getattr(report, "node", None) and report.node.gateway.id or ""
+  by_worker[worker] = by_worker.get(worker, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -207,14 +270,18 @@ def pytest_terminal_summary(terminalreporter):
   if _MODULE_SECONDS:
     tr.section("time by module (setup, call and teardown)")
     by_worker: dict[str, float] = {}
-    for seconds, worker in _MODULE_SECONDS.values():
-      by_worker[worker] = by_worker.get(worker, 0.0) + seconds
+    for workers in _MODULE_SECONDS.values():
+      for w, seconds in workers.items():
+        by_worker[w] = by_worker.get(w, 0.0) + seconds
     tr.write_line(
       ", ".join(f"{w or 'pytest'} {s / 60:.1f} min" for w, s in sorted(by_worker.items()))
     )
-    ranked = sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1][0])
-    for module, (seconds, worker) in ranked[:20]:
-      tr.write_line(f"  {seconds:7.1f} s  {module}" + (f" ({worker})" if worker else ""))
+    ranked = sorted(_MODULE_SECONDS.items(), key=lambda kv: -sum(kv[1].values()))
+    for module, workers in ranked[:20]:
+      where = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(workers.items()) if w)
+      tr.write_line(
+        f"  {sum(workers.values()):7.1f} s  {module}" + (f" ({where})" if where else "")
+      )
   processes = _WORKERS or ({"pytest": _memory_figures()} if _MODULE_RSS else {})
   if not processes:
     return
@@ -369,17 +436,41 @@ def sft_on_arithmetic(model_dir: str, problems, out_dir: str) -> str:
   )
 
 
+def built_once(tmp_path_factory, name: str, build) -> str:
+  """`build(dir)` run once per session whichever pytest-xdist worker asks first; the others
+  wait for it and get the same dir (the workers' temporary dirs share a parent)."""
+  import fcntl
+
+  if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: nothing to share
+    return build(str(tmp_path_factory.mktemp(name)))
+  root = tmp_path_factory.getbasetemp().parent
+  done = root / f"{name}.done"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not done.exists():
+      out = root / name
+      shutil.rmtree(out, ignore_errors=True)
+      out.mkdir()
+      done.write_text(build(str(out)))
+    return done.read_text()
+
+
 @pytest.fixture(scope="session")
 def arithmetic_policy(tiny_dirs, tmp_path_factory):
   """The test qwen2 model after 300 SFT steps on 300 worked solutions plus their
   inverse pairs (`sft_on_arithmetic`): it solves some problems,
   so some are underperforming, and turns solutions back into problems, so the
   step sees synthesis and synthetic-solving groups. Same architecture and
-  tokenizer as the served model: the vLLM test pushes these weights."""
+  tokenizer as the served model: the vLLM test pushes these weights. Trained once per
+  session (`built_once`): four modules take it, on either worker."""
   from rlvr.data.tasks import arithmetic
 
   train, _ = arithmetic.make_splits(300 + 64, 0, max_operand=9)
-  out = sft_on_arithmetic(tiny_dirs["qwen2"], train[:300], str(tmp_path_factory.mktemp("svs_sft")))
+  out = built_once(
+    tmp_path_factory,
+    "svs_sft",
+    lambda d: sft_on_arithmetic(tiny_dirs["qwen2"], train[:300], d),
+  )
   return out, train[300:]
 
 
