@@ -46,8 +46,31 @@ def real_sandbox():
   code.check_sandbox("bwrap")  # fails (never skips) where bubblewrap is missing
 
 
+def _parent(pid: int) -> int:
+  """The parent of `pid` (0 once it is gone)."""
+  try:
+    stat = pathlib.Path("/proc", str(pid), "stat").read_text()
+  except OSError:
+    return 0
+  return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _another_workers(pid: int) -> bool:
+  """Whether `pid` descends from another process of this session's pytest (the other
+  pytest-xdist worker runs sandboxes of its own meanwhile): its parents reach this
+  process's parent without passing through this process."""
+  while pid > 1:
+    pid = _parent(pid)
+    if pid == os.getpid():
+      return False
+    if pid == os.getppid() and "PYTEST_XDIST_WORKER" in os.environ:
+      return True
+  return False
+
+
 def _judge_processes() -> list[int]:
-  """PIDs of judges (and their forks) alive on the host, found by their argv."""
+  """PIDs of judges (and their forks) alive on the host, found by their argv: this
+  process's and orphans, not those another pytest-xdist worker is running."""
   found = []
   for entry in os.listdir("/proc"):
     if entry.isdigit():
@@ -55,7 +78,7 @@ def _judge_processes() -> list[int]:
         cmdline = pathlib.Path("/proc", entry, "cmdline").read_bytes()
       except OSError:
         continue
-      if b"The judge inside the sandbox" in cmdline:
+      if b"The judge inside the sandbox" in cmdline and not _another_workers(int(entry)):
         found.append(int(entry))
   return found
 
