@@ -11,7 +11,10 @@ from rlvr.rewards import custom
 from rlvr.rewards.code.config import CodeRewardConfig
 from rlvr.rewards.extraction import EXTRACTIONS
 
-DOMAINS = ("math", "code")  # what a reference answer is: a final answer, or a program's tests
+DOMAINS = ("math", "code")
+_FLOAT32_MAX = float(
+  np.finfo(np.float32).max
+)  # what a reference answer is: a final answer, or a program's tests
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +32,10 @@ class RewardConfig:
   integer_answers: answers are integers (AIME, DAPO-17k): compare as integers,
     and only an integer final answer counts as well-formed.
   timeout_s: time one answer may spend in math-verify before it scores 0.
-  weights: one weight per function of a custom domain (TRL's reward_weights); () = 1 each.
+  fn_timeout_s: time one call of a user's score function may take (a batched call, or one
+    verl-form call of one response) before its responses score 0 (verdict fn_timeout).
+  weights: one weight per function of a custom domain (TRL's reward_weights); () = 1 each,
+    each finite.
   data_source: what a verl-form compute_score gets as its data_source where the data row
     has no data_source column.
   conversational: a TRL-form function gets prompts and completions as lists of messages.
@@ -38,6 +44,7 @@ class RewardConfig:
   extraction: str = "boxed"
   integer_answers: bool = False
   timeout_s: float = 5.0
+  fn_timeout_s: float = 60.0
   domain: str = "math"
   code: CodeRewardConfig = CodeRewardConfig()
   weights: tuple = ()
@@ -46,6 +53,11 @@ class RewardConfig:
 
   def __post_init__(self):
     object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
+    bad = [w for w in self.weights if not abs(w) <= _FLOAT32_MAX]
+    if bad:
+      raise ValueError(
+        f"reward.weights: expected finite numbers (a float32 holds them), got {bad[0]!r}"
+      )
     if self.domain not in DOMAINS:  # imported and checked now: a bad name stops the start
       custom.score_functions(self.domain, DOMAINS, self.weights)
     elif self.weights:
@@ -60,16 +72,17 @@ class RewardConfig:
       )
     if not isinstance(self.integer_answers, bool):
       raise TypeError(f"RewardConfig.integer_answers: expected bool, got {self.integer_answers!r}")
-    if (
-      isinstance(self.timeout_s, bool)
-      or not isinstance(self.timeout_s, (int, float))
-      or not self.timeout_s > 0
-      or not math.isfinite(self.timeout_s)
-    ):
-      raise ValueError(
-        f"RewardConfig.timeout_s: expected a positive finite number of seconds, "
-        f"got {self.timeout_s!r}"
-      )
+    for name in ("timeout_s", "fn_timeout_s"):
+      value = getattr(self, name)
+      if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value > 0
+        or not math.isfinite(value)
+      ):
+        raise ValueError(
+          f"RewardConfig.{name}: expected a positive finite number of seconds, got {value!r}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,23 +1,27 @@
-"""The hang-proof math-verify process pool: `RewardPool` and `score`.
+"""The hang-proof reward process pool: `RewardPool` and `score`.
 
 Workers start from a forkserver with math-verify imported (nothing is forked
-from a parent that holds JAX). Each item is reported as it finishes, so an
-item that overruns its time (or kills its worker) is pinned exactly: the
-worker is killed and replaced, the item scores 0 and is counted, and the rest
-of its chunk is re-queued. Workers end with the process that made the pool, kill -9
-included.
+from a parent that holds JAX). They run math-verify's judge (`RewardPool.score`)
+and any other picklable task (`RewardPool.run`: the user's reward functions,
+`rlvr.rewards.custom`). Each item is reported as it finishes, so an item that
+overruns its time (or kills its worker) is pinned exactly: the worker and every
+process it forked are killed, a fresh worker takes its slot, the item is marked
+(`TIMED_OUT`, `DIED`) and the rest of its chunk is re-queued. Workers end with the
+process that made the pool, kill -9 included.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib
 import logging
 import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Callable, Sequence
@@ -29,8 +33,11 @@ from rlvr.rewards.equivalence import _quick_verdict, is_equivalent, is_well_form
 from rlvr.rewards.extraction import extract_answer
 
 _LOG = logging.getLogger(__name__)
-# Worker -> parent status codes.
+# Worker -> parent status codes of math-verify's judge.
 _WRONG, _RIGHT, _TIMEOUT, _ERROR = 0, 1, 2, 3
+# What `RewardPool.run` gives for an item that overran its time, or whose worker ended (or
+# whose task raised, or returned what cannot be sent back).
+TIMED_OUT, DIED = "timed out", "died"
 # A worker gets this long to import math-verify (spawn start, loaded machine) before its first item.
 _STARTUP_LIMIT_S = 120.0
 
@@ -55,18 +62,28 @@ def _check_inputs(responses: Sequence[str], answers: Sequence) -> list[str]:
   return golds
 
 
-def _worker_main(conn, judge: Callable) -> None:
-  """Worker loop: receive (integer_answers, timeout_s, [(key, pred, gold)]), answer per item.
+def _worker_main(conn, preload: Sequence[str] = (), sys_path: Sequence[str] = ()) -> None:
+  """Worker loop: receive (task, [(key, payload)]), answer (key, task(payload)) per item.
 
   One message per item lets the parent see which item is running, so a hang
-  is pinned on the right item and the rest of the chunk is re-queued.
+  is pinned on the right item and the rest of the chunk is re-queued. The worker
+  leads a process group of its own: whatever a task forks is killed with it.
   """
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+  os.setpgid(0, 0)
   _exit_with_parent()
   # Timeouts come back as counts in ScoreResult; math-verify's per-item warnings would flood logs.
   logging.getLogger("math_verify").setLevel(logging.ERROR)
   import math_verify  # noqa: F401 - imported before "ready", so no item pays for it
 
+  if sys_path:
+    sys.path[:] = list(sys_path)  # the parent's, as it is when the worker starts
+  for module in preload:  # the tasks' modules (a user's reward module), imported once here
+    try:
+      importlib.import_module(module)
+    except BaseException:  # noqa: BLE001 - the task that needs it says why
+      pass
+  me = os.getpid()
   conn.send(None)  # started: later deaths are the items' doing
   while True:
     try:
@@ -75,16 +92,40 @@ def _worker_main(conn, judge: Callable) -> None:
       return
     if msg is None:
       return
-    integer_answers, timeout_s, items = msg
-    for key, pred, gold in items:
-      start = time.monotonic()
+    task, items = msg
+    for key, payload in items:
       try:
-        status = _RIGHT if judge(pred, gold, integer_answers, timeout_s) else _WRONG
-      except Exception:  # noqa: BLE001 - any failure of one answer scores it 0
-        status = _ERROR
-      if status == _WRONG and time.monotonic() - start >= timeout_s:
-        status = _TIMEOUT  # math-verify's own alarm cut it short
-      conn.send((key, status))
+        result = task(payload)
+      except BaseException:  # noqa: BLE001 - SystemExit too: a task never ends the worker
+        result = DIED
+      if os.getpid() != me:  # a process the task forked returns here: it must not answer
+        os._exit(0)
+      try:
+        conn.send((key, result))
+      except (EOFError, OSError):
+        return
+      except Exception:  # noqa: BLE001 - a result that cannot be pickled
+        conn.send((key, DIED))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judge:
+  """math-verify's task: (pred, gold) -> _RIGHT, _WRONG, _TIMEOUT or _ERROR."""
+
+  judge: Callable
+  integer_answers: bool
+  timeout_s: float
+
+  def __call__(self, item: tuple[str, str]) -> int:
+    pred, gold = item
+    start = time.monotonic()
+    try:
+      status = _RIGHT if self.judge(pred, gold, self.integer_answers, self.timeout_s) else _WRONG
+    except Exception:  # noqa: BLE001 - any failure of one answer scores it 0
+      status = _ERROR
+    if status == _WRONG and time.monotonic() - start >= self.timeout_s:
+      status = _TIMEOUT  # math-verify's own alarm cut it short
+    return status
 
 
 def _exit_with_parent() -> None:
@@ -95,7 +136,7 @@ def _exit_with_parent() -> None:
 
   def watch():
     multiprocessing.connection.wait([sentinel])
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.killpg(0, signal.SIGKILL)  # this worker and whatever its tasks forked
 
   threading.Thread(target=watch, name="rlvr-parent-watch", daemon=True).start()
 
@@ -111,7 +152,7 @@ class _Worker:
 
 
 class RewardPool:
-  """Worker processes that run math-verify, surviving hangs and crashes.
+  """Worker processes that run math-verify (and other tasks), surviving hangs and crashes.
 
   Items are sent in chunks; each worker reports every item as it finishes.
   An item running longer than `timeout_s + grace_s` gets its worker killed
@@ -124,7 +165,9 @@ class RewardPool:
   that holds JAX threads. `timeout_s=None` uses each call's `config.timeout_s`.
   `judge(pred, gold, integer_answers, timeout_s) -> bool` must be a
   module-level function (it is pickled by name); default `is_equivalent`.
-  One `score` call at a time (calls are serialised by a lock).
+  `preload`: modules each worker imports before its first item (a user's reward module:
+  its import time does not count against an item's). One `score` or `run` call at a time
+  (calls are serialised by a lock).
   """
 
   def __init__(
@@ -134,6 +177,7 @@ class RewardPool:
     grace_s: float = 2.0,
     judge: Callable = is_equivalent,
     start_method: str = "forkserver",
+    preload: Sequence[str] = (),
   ):
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
       raise ValueError(f"RewardPool.workers: expected an int >= 1, got {workers!r}")
@@ -146,6 +190,7 @@ class RewardPool:
     self.timeout_s = timeout_s
     self.grace_s = grace_s
     self._judge = judge
+    self._preload = tuple(preload)
     self._ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
       # Only takes effect if this interpreter's fork server is not running yet.
@@ -158,7 +203,10 @@ class RewardPool:
   def _start_worker(self) -> _Worker:
     parent_conn, child_conn = self._ctx.Pipe(duplex=True)
     process = self._ctx.Process(
-      target=_worker_main, args=(child_conn, self._judge), daemon=True, name="rlvr-reward-worker"
+      target=_worker_main,
+      args=(child_conn, self._preload, list(sys.path)),
+      daemon=True,
+      name="rlvr-reward-worker",
     )
     process.start()
     child_conn.close()
@@ -167,8 +215,7 @@ class RewardPool:
   def _replace(self, i: int) -> None:
     """Kill worker i (if still alive) and start a fresh one in its slot."""
     w = self._workers[i]
-    if w.process.is_alive():
-      w.process.kill()
+    _kill_group(w.process)
     w.process.join(timeout=5)
     w.conn.close()
     self._workers[i] = self._start_worker()
@@ -193,9 +240,8 @@ class RewardPool:
     deadline = time.monotonic() + 2.0
     for w in self._workers:
       w.process.join(timeout=max(0.0, deadline - time.monotonic()))
-      if w.process.is_alive():
-        w.process.kill()
-        w.process.join(timeout=5)
+      _kill_group(w.process)  # the worker if it is still running, and what it forked
+      w.process.join(timeout=5)
       w.conn.close()
 
   def score(
@@ -243,21 +289,34 @@ class RewardPool:
 
   def _run(self, keys: list[tuple[str, str]], config: RewardConfig) -> dict:
     """Statuses of (pred, gold) jobs, keyed by job; survives hung and dead workers."""
+    task = _Judge(self._judge, config.integer_answers, config.timeout_s)
+    limit_s = (self.timeout_s or config.timeout_s) + self.grace_s
+    results = self.run(task, keys, limit_s, order=lambda key: key[1])  # by gold: parsed once
+    lost = {TIMED_OUT: _TIMEOUT, DIED: _ERROR}
+    return {key: lost.get(r, r) if isinstance(r, str) else r for key, r in zip(keys, results)}
+
+  def run(
+    self, task: Callable, payloads: Sequence, limit_s: float, order: Callable | None = None
+  ) -> list:
+    """[task(payload) for payload in payloads], computed in the workers; an item that ran
+    longer than `limit_s` is `TIMED_OUT`, one whose worker ended (its task raised, exited or
+    was killed) `DIED`. `task` is pickled with each chunk (a module-level function, or an
+    instance of a module-level class); `order`: a sort key that groups payloads into chunks."""
     with self._lock:
       if self._closed:
         raise RuntimeError("RewardPool: score() called after close()")
-      batch = _Batch(keys, len(self._workers))
+      batch = _Batch(payloads, len(self._workers), order)
       try:
         while batch.pending or batch.busy:
-          self._dispatch(batch, config)
-          self._collect(batch, (self.timeout_s or config.timeout_s) + self.grace_s)
+          self._dispatch(batch, task)
+          self._collect(batch, limit_s)
       except BaseException:
         for i in list(batch.busy):  # their late results must not leak into
           self._replace(i)  # the next call
         raise
-      return {keys[j]: status for j, status in batch.statuses.items()}
+      return [batch.statuses[j] for j in range(len(payloads))]
 
-  def _dispatch(self, batch: _Batch, config: RewardConfig) -> None:
+  def _dispatch(self, batch: _Batch, task: Callable) -> None:
     """Gives a chunk to every idle worker (replacing any that died while idle)."""
     for i, w in enumerate(self._workers):
       if i in batch.busy or not batch.pending:
@@ -267,7 +326,7 @@ class RewardPool:
         w = self._workers[i]
       chunk = batch.pending.popleft()
       try:
-        w.conn.send((config.integer_answers, config.timeout_s, chunk))
+        w.conn.send((task, chunk))
       except (OSError, ValueError):
         batch.pending.appendleft(chunk)
         self._drain(batch, i)
@@ -308,8 +367,8 @@ class RewardPool:
       "`if __name__ == '__main__':` (workers re-import the main module)."
     )
 
-  def _fail_current(self, batch: _Batch, i: int, status: int) -> None:
-    """Scores worker i's running item `status`, re-queues the rest of its chunk, replaces it."""
+  def _fail_current(self, batch: _Batch, i: int, status: str) -> None:
+    """Marks worker i's running item `status` (TIMED_OUT, DIED), re-queues the rest of its chunk, replaces it."""
     w = self._workers[i]
     self._drain(batch, i)
     self._check_started(i)
@@ -335,23 +394,36 @@ class RewardPool:
     dead = {sentinels[obj] for obj in ready if obj in sentinels}
     dead |= {conns[obj] for obj in ready if obj in conns and not self._drain(batch, conns[obj])}
     for i in sorted(dead):
-      self._fail_current(batch, i, _ERROR)
+      self._fail_current(batch, i, DIED)
     now = time.monotonic()
     for i in sorted(batch.busy):
       if now > deadline(i):
-        self._fail_current(batch, i, _TIMEOUT)
+        self._fail_current(batch, i, TIMED_OUT)
+
+
+def _kill_group(process: multiprocessing.process.BaseProcess) -> None:
+  """SIGKILL to a worker's process group (the worker and whatever its tasks forked), or to
+  the worker alone if it died before it could lead one."""
+  if process.pid is None:
+    return
+  try:
+    os.killpg(process.pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    if process.is_alive():
+      process.kill()
 
 
 class _Batch:
-  """Book-keeping of one `score` call: queued chunks, busy worker slots, results so far."""
+  """Book-keeping of one `run` call: queued chunks, busy worker slots, results so far."""
 
-  def __init__(self, keys: list[tuple[str, str]], workers: int):
-    size = max(1, min(256, math.ceil(len(keys) / (4 * workers))))
-    # Sorted by gold: a worker then meets each gold in a run and parses it once.
-    items = sorted(((j, pred, gold) for j, (pred, gold) in enumerate(keys)), key=lambda x: x[2])
+  def __init__(self, payloads: Sequence, workers: int, order: Callable | None = None):
+    size = max(1, min(256, math.ceil(len(payloads) / (4 * workers))))
+    items = list(enumerate(payloads))
+    if order is not None:
+      items.sort(key=lambda item: order(item[1]))
     self.pending = collections.deque(items[k : k + size] for k in range(0, len(items), size))
     self.busy: set[int] = set()
-    self.statuses: dict[int, int] = {}
+    self.statuses: dict[int, object] = {}
 
 
 def score(

@@ -166,16 +166,18 @@ class CodeVerifier:
 class FunctionVerifier:
   """The user's score functions (`rlvr.rewards.custom`): their weighted sum, correct where > 0.
 
-  The functions run in this process, on every batch the loop scores, with the responses,
-  their reference answers and their problem statements ("" where a caller gives none).
-  Whatever one does wrong scores the responses concerned 0 with a verdict of
-  `custom.VERDICTS` (counted in `verdict_<reason>`; evaluation notes it per response); one
-  that fails on a whole call ends the run (`custom.RewardFunctionError`). `well_formed` is
-  the math domain's (a final answer in `cfg.extraction` form): what a format bonus
-  rewards; a Verifier factory decides otherwise."""
+  The functions run in the reward pool's worker processes (`custom.Caller`), each call
+  bounded by `cfg.fn_timeout_s`, on every batch the loop scores, with the responses, their
+  reference answers and their problem statements ("" where a caller gives none). Whatever
+  one does wrong scores the responses concerned 0 with a verdict of `custom.VERDICTS`
+  (counted in `verdict_<reason>`, and per function in `verdict_<reason>_<function>` when
+  there are several; evaluation notes it per response); a reward whose functions all fail
+  on a whole call ends the run (`custom.RewardFunctionError`). `well_formed` is the math
+  domain's (a final answer in `cfg.extraction` form): what a format bonus rewards; a
+  Verifier factory decides otherwise."""
 
   cfg: RewardConfig
-  fns: list
+  caller: custom.Caller
   # problem statement -> the other columns of its data row, from the sets `check_answers`
   # saw: what TRL's keyword columns and verl's data_source / extra_info come from
   columns: dict = dataclasses.field(default_factory=dict)
@@ -183,15 +185,15 @@ class FunctionVerifier:
   def _call(self, texts, golds, prompts):
     prompts = [""] * len(texts) if prompts is None else prompts
     rows = [self.columns.get(p, {}) for p in prompts]
-    return custom.call_all(self.fns, texts, golds, prompts, rows)
+    return self.caller.call(texts, golds, prompts, rows)
 
   def score(self, texts, golds, prompts=None):
-    rewards, verdicts, info = self._call(texts, golds, prompts)
+    rewards, verdicts, info, by_fn = self._call(texts, golds, prompts)
     counts = {v: verdicts.count(v) for v in custom.VERDICTS}
-    return Scored(rewards, rewards > 0, counts, info)
+    return Scored(rewards, rewards > 0, {**counts, **by_fn}, info)
 
   def judge(self, texts, golds, prompts=None):
-    rewards, verdicts, _ = self._call(texts, golds, prompts)
+    rewards, verdicts, _, _ = self._call(texts, golds, prompts)
     return rewards, rewards > 0, [{"verdict": v} for v in verdicts]
 
   def well_formed(self, text: str) -> bool:
@@ -209,14 +211,17 @@ _PROTOCOL = ("score", "judge", "well_formed", "for_eval", "check_answers")
 
 
 @contextlib.contextmanager
-def _custom(cfg: RewardConfig) -> Iterator[Verifier]:
-  """The user's reward `cfg.domain` names: its score function in a FunctionVerifier, or the
-  Verifier its factory makes (entered when it is a context manager)."""
+def _custom(cfg: RewardConfig, workers: int) -> Iterator[Verifier]:
+  """The user's reward `cfg.domain` names: its score functions in a FunctionVerifier (run
+  by `workers` reward workers that import their modules), or the Verifier its factory makes
+  (entered when it is a context manager)."""
   obj = custom.score_functions(
     cfg.domain, tuple(VERIFIERS), cfg.weights, cfg.data_source, cfg.conversational
   )
   if isinstance(obj, list):
-    yield FunctionVerifier(cfg, obj)
+    modules = list(dict.fromkeys(sf.name.split(":", 1)[0] for sf in obj))
+    with RewardPool(workers=workers, timeout_s=cfg.timeout_s, preload=modules) as pool:
+      yield FunctionVerifier(cfg, custom.Caller(obj, pool, cfg.fn_timeout_s))
     return
   try:
     made = obj(cfg)
@@ -257,5 +262,5 @@ def open_verifier(cfg: RewardConfig, workers: int = 2) -> contextlib.AbstractCon
   """The verifier of `cfg.domain`, as a context manager (`with open_verifier(cfg) as v:`): a
   built-in one, or the user's (`rlvr.rewards.custom`)."""
   if cfg.domain not in VERIFIERS:
-    return _custom(cfg)
+    return _custom(cfg, workers)
   return VERIFIERS[cfg.domain](cfg, workers)

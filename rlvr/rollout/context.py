@@ -5,6 +5,7 @@ prompts (`sample_and_score`) and the sampling seed of a generation round (`step_
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Callable, Sequence
 
@@ -15,6 +16,8 @@ from rlvr.rewards import shaping
 from rlvr.rollout.config import RLConfig
 from rlvr.rollout.types import Group, Prompt
 from rlvr.sampling.types import Completion, Sampler, SamplingParams
+
+_LOG = logging.getLogger(__name__)
 
 # (texts, golds, prompts=None) -> (rewards, correct): prompts, the problem statement of each text
 ScoreFn = Callable[..., tuple[np.ndarray, np.ndarray]]
@@ -157,6 +160,9 @@ class StepContext:
     return envs.solve(self.generate, self.episodes, prompts, sp)
 
   def score(self, texts: list[str], golds: list[str], prompts: list[str] | None = None):
+    """The scorer's (rewards, correct) of the responses. Whatever scored them, a reward
+    that is not finite becomes 0 (not correct) and is counted as `verdict_reward_not_finite`:
+    nothing but finite rewards reaches the advantages."""
     t = time.perf_counter()
     out = self._score_fn(texts, golds, prompts=prompts)
     self.stats.time_score += time.perf_counter() - t
@@ -164,6 +170,16 @@ class StepContext:
       self.stats.verdicts[k] = self.stats.verdicts.get(k, 0) + v
     for k, v in getattr(out, "values", {}).items():
       self.stats.reward_values.setdefault(k, []).extend(v)
+    rewards, correct = out
+    with np.errstate(over="ignore", invalid="ignore"):
+      as_f32 = np.asarray(rewards, np.float64).astype(np.float32)
+    bad = ~np.isfinite(as_f32)
+    if bad.any():
+      k = "reward_not_finite"
+      self.stats.verdicts[k] = self.stats.verdicts.get(k, 0) + int(bad.sum())
+      _LOG.warning("reward: %d of %d rewards are not finite; they score 0", bad.sum(), bad.size)
+      as_f32[bad] = 0.0
+      return as_f32, np.where(bad, False, np.asarray(correct, bool))
     return out
 
   def fits(self, prompts: Sequence[Prompt]) -> list[Prompt]:

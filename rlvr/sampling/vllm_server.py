@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -164,16 +163,14 @@ class VLLMServer:
     return self.process.poll() is None
 
   def stop(self, timeout: float = 30.0) -> None:
-    if self.process.poll() is not None:
-      return
-    os.killpg(self.process.pid, signal.SIGTERM)
+    """Ends the server's process group (the server, its engine, its tether), SIGKILL for what
+    remains after `timeout`; also when the server or its tether has ended already."""
     try:
-      self.process.wait(timeout)
-    except subprocess.TimeoutExpired:
-      os.killpg(self.process.pid, signal.SIGKILL)
-      self.process.wait()
-    if self.process.stdin is not None:
-      self.process.stdin.close()
+      tether.stop(self.process, timeout)
+    finally:
+      for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+        if stream is not None:
+          stream.close()
 
   def __enter__(self):
     return self

@@ -27,17 +27,37 @@ from rlvr.rewards import RewardConfig, custom
 from rlvr.rewards.verifiers import FunctionVerifier, open_verifier
 
 USER_REWARDS = '''
+import json
 import math
+import os
 
 import numpy as np
 from math_verify import parse, verify
 
-SEEN = []  # every call's (responses, answers, prompts)
+# what the functions saw, one JSON line a call: they run in the reward workers
+SEEN_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seen.jsonl")
 ENTERED = []
 
 
+def _seen(*what):
+  with open(SEEN_FILE, "a") as f:
+    f.write(json.dumps(what) + "\\n")
+
+
+def seen():
+  if not os.path.exists(SEEN_FILE):
+    return []
+  with open(SEEN_FILE) as f:
+    return [json.loads(line) for line in f]
+
+
+def forget():
+  if os.path.exists(SEEN_FILE):
+    os.remove(SEEN_FILE)
+
+
 def by_math_verify(responses, answers, prompts):
-  SEEN.append((responses, answers, prompts))
+  _seen(responses, answers, prompts)
   return [
     1.0 if verify(parse("$" + a + "$"), parse(r)) else -0.5 for r, a in zip(responses, answers)
   ]
@@ -75,7 +95,7 @@ def raises_on_fractions(responses, answers, prompts):
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
   """verl's form: one response at a time; a dict result's other keys are logged."""
-  SEEN.append(("verl", data_source, solution_str, ground_truth, extra_info))
+  _seen("verl", data_source, solution_str, ground_truth, extra_info)
   if "frac" in solution_str:
     raise ValueError("cannot read a fraction")
   return {"score": float(ground_truth in solution_str), "chars": len(solution_str)}
@@ -87,13 +107,13 @@ def compute_score_given_lists(data_source, solution_str, ground_truth, extra_inf
 
 def accuracy_reward(completions, solution, **kwargs):
   """TRL's form, conversational: None where it does not apply."""
-  SEEN.append(("trl", completions, solution, sorted(kwargs)))
+  _seen("trl", completions, solution, sorted(kwargs))
   texts = [c[0]["content"] for c in completions]
   return [None if "frac" in t else float(s in t) for t, s in zip(texts, solution)]
 
 
 def columns_reward(completions, **kwargs):
-  SEEN.append(kwargs)
+  _seen(kwargs)
   return [0.0] * len(completions)
 
 
@@ -154,10 +174,9 @@ def user(tmp_path_factory):
   sys.modules.pop("user_rewards", None)
 
 
-def _verifier(name: str) -> FunctionVerifier:
-  cfg = RewardConfig(domain=f"user_rewards:{name}")
-  with open_verifier(cfg) as v:
-    return v
+def _verifier(name: str, **fields):
+  """The verifier of user_rewards' function `name`, open for a `with` block."""
+  return open_verifier(RewardConfig(domain=f"user_rewards:{name}", **fields))
 
 
 TEXTS = [r"so \boxed{13}", r"\boxed{12}", "13", r"\boxed{\frac{1}{2}}"] * 2
@@ -166,31 +185,26 @@ PROBLEMS = ["Compute 3*2+7.", "Compute 3*2+7.", "Compute 3*2+7.", "Half of one?"
 
 
 def test_the_function_gets_responses_answers_and_prompts_and_its_rewards_count(user):
-  v = _verifier("by_math_verify")
-  assert isinstance(v, FunctionVerifier)
-  user.SEEN.clear()
-  rewards, correct = scored = v.score(TEXTS, GOLDS, prompts=PROBLEMS)
-  assert user.SEEN == [(TEXTS, GOLDS, PROBLEMS)]
-  assert rewards.dtype == np.float32
-  assert rewards.tolist() == [1.0, -0.5, 1.0, 1.0] * 2  # math-verify: 13 = 13, 1/2 = 0.5
-  assert correct.tolist() == [True, False, True, True] * 2  # correct: reward > 0
-  assert scored.counts == {
-    "scored": 8,
-    "fn_raised": 0,
-    "fn_wrong_length": 0,
-    "fn_not_finite": 0,
-    "fn_none": 0,
-  }
-  r, c, notes = v.judge(TEXTS[:2], GOLDS[:2])  # no prompts given: the function sees ""
-  assert user.SEEN[-1] == (TEXTS[:2], GOLDS[:2], ["", ""])
-  assert notes == [{"verdict": "scored"}] * 2 and r.tolist() == [1.0, -0.5]
-  assert v.for_eval() is v and v.well_formed(r"\boxed{3}") and not v.well_formed("no answer")
+  with _verifier("by_math_verify") as v:
+    assert isinstance(v, FunctionVerifier)
+    user.forget()
+    rewards, correct = scored = v.score(TEXTS, GOLDS, prompts=PROBLEMS)
+    assert user.seen() == [[TEXTS, GOLDS, PROBLEMS]]
+    assert rewards.dtype == np.float32
+    assert rewards.tolist() == [1.0, -0.5, 1.0, 1.0] * 2  # math-verify: 13 = 13, 1/2 = 0.5
+    assert correct.tolist() == [True, False, True, True] * 2  # correct: reward > 0
+    assert scored.counts == {v: 8 if v == "scored" else 0 for v in custom.VERDICTS}
+    r, c, notes = v.judge(TEXTS[:2], GOLDS[:2])  # no prompts given: the function sees ""
+    assert user.seen()[-1] == [TEXTS[:2], GOLDS[:2], ["", ""]]
+    assert notes == [{"verdict": "scored"}] * 2 and r.tolist() == [1.0, -0.5]
+    assert v.for_eval() is v and v.well_formed(r"\boxed{3}") and not v.well_formed("no answer")
 
 
 def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
   texts, golds = TEXTS, GOLDS
   with caplog.at_level(logging.WARNING, logger="rlvr.rewards.custom"):
-    rewards, correct, notes = _verifier("raises_on_fractions").judge(texts, golds, PROBLEMS)
+    with _verifier("raises_on_fractions") as v:
+      rewards, correct, notes = v.judge(texts, golds, PROBLEMS)
   # the batch raised: scored one response at a time, only the fractions fail
   assert rewards.tolist() == [1.0, 1.0, 1.0, 0.0] * 2 and correct.sum() == 6
   assert [n["verdict"] for n in notes] == ["scored"] * 3 + ["fn_raised"] + ["scored"] * 3 + [
@@ -203,7 +217,8 @@ def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
 
   caplog.clear()
   with caplog.at_level(logging.WARNING, logger="rlvr.rewards.custom"):
-    rewards, correct, notes = _verifier("some_not_numbers").judge(texts, golds, PROBLEMS)
+    with _verifier("some_not_numbers") as v:
+      rewards, correct, notes = v.judge(texts, golds, PROBLEMS)
   # NaN, inf, a string, None and an int too large for a float score 0; True is 1.0
   assert rewards.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.25]
   assert [n["verdict"] for n in notes] == [
@@ -218,7 +233,8 @@ def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
   ]
   assert "failed on 5 of 8 responses (gave no finite number (response 1: nan))" in caplog.text
 
-  rewards, correct = _verifier("as_numpy").score(texts, golds, PROBLEMS)
+  with _verifier("as_numpy") as v:
+    rewards, correct = v.score(texts, golds, PROBLEMS)
   assert rewards.tolist() == [-1, 0, 1, 2, 3, 4, 5, 6] and correct.sum() == 6
 
   class Scoring:  # a method whose buffer only scores: the step's metrics of one score call
@@ -229,8 +245,9 @@ def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
       ctx.score(texts[:3], golds[:3], PROBLEMS[:3])
       return [], {}
 
-  ctx = step_context(None, _verifier("some_not_numbers").score)
-  m = rollout.build_buffer(Scoring(), ctx, step=0, version=0).metrics
+  with _verifier("some_not_numbers") as v:
+    ctx = step_context(None, v.score)
+    m = rollout.build_buffer(Scoring(), ctx, step=0, version=0).metrics
   assert m["verdict_fn_not_finite"] == 5 and m["verdict_fn_wrong_length"] == 3
   assert m["verdict_scored"] == 3 and m["verdict_fn_raised"] == 0
 
@@ -242,8 +259,8 @@ def test_a_function_that_fails_on_every_response_stops_the_run_naming_it(user):
     ("a_dict", "returned a dict for 8 responses"),
     ("compute_score_given_lists", "gave no finite number (response 0: [0.0, 0.0])"),
   ):
-    with pytest.raises(custom.RewardFunctionError) as e:
-      _verifier(name).score(TEXTS, GOLDS, PROBLEMS)
+    with pytest.raises(custom.RewardFunctionError) as e, _verifier(name) as v:
+      v.score(TEXTS, GOLDS, PROBLEMS)
     form = "verl" if name.startswith("compute_score") else "rlvr"
     assert str(e.value).startswith(
       f"reward.domain: user_rewards:{name} failed on all 8 responses of a scoring call: "
@@ -251,17 +268,19 @@ def test_a_function_that_fails_on_every_response_stops_the_run_naming_it(user):
       "function as "
     ), str(e.value)
   # fewer than custom.STOP_AT responses: verdicts, the run goes on
-  rewards, _ = scored = _verifier("raises").score(TEXTS[:3], GOLDS[:3], PROBLEMS[:3])
+  with _verifier("raises") as v:
+    rewards, _ = scored = v.score(TEXTS[:3], GOLDS[:3], PROBLEMS[:3])
   assert rewards.tolist() == [0.0] * 3 and scored.counts["fn_raised"] == 3
 
 
 def test_verl_compute_score_is_called_per_response_with_its_extra_info(user):
   with open_verifier(RewardConfig(domain="user_rewards:compute_score", data_source="arith")) as v:
-    user.SEEN.clear()
+    user.forget()
     rewards, correct = scored = v.score(TEXTS, GOLDS, PROBLEMS)
-  assert [x[2] for x in user.SEEN] == TEXTS and [x[3] for x in user.SEEN] == GOLDS
-  assert {x[1] for x in user.SEEN} == {"arith"}
-  assert [x[4] for x in user.SEEN] == [{"prompt": p, "index": i} for i, p in enumerate(PROBLEMS)]
+  calls = sorted(user.seen(), key=lambda x: x[4]["index"])  # two workers: in any order
+  assert [x[2] for x in calls] == TEXTS and [x[3] for x in calls] == GOLDS
+  assert {x[1] for x in calls} == {"arith"}
+  assert [x[4] for x in calls] == [{"prompt": p, "index": i} for i, p in enumerate(PROBLEMS)]
   assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0] * 2 and correct.sum() == 4
   assert scored.counts["fn_raised"] == 2 and scored.counts["scored"] == 6
   chars = [len(t) for t in TEXTS if "frac" not in t]
@@ -275,10 +294,10 @@ def test_trl_reward_functions_with_weights_take_the_dataset_columns(user):
     conversational=True,
   )
   with open_verifier(cfg) as v:
-    user.SEEN.clear()
+    user.forget()
     rewards, _, notes = v.judge(TEXTS, GOLDS, PROBLEMS)
     scored = v.score(TEXTS, GOLDS, PROBLEMS)
-  [(form, completions, solution, kwargs)] = user.SEEN[:1]
+  [(form, completions, solution, kwargs)] = user.seen()[:1]
   assert form == "trl" and solution == GOLDS
   assert completions[0] == [{"role": "assistant", "content": TEXTS[0]}]
   assert kwargs == ["answer", "ground_truth", "prompts"]
@@ -311,18 +330,19 @@ def test_the_data_rows_columns_reach_verl_and_trl_functions(user, tmp_path):
   problems = PROBLEMS[:4] + ["A synthetic problem?"] * 4
   with open_verifier(RewardConfig(domain="user_rewards:compute_score", data_source="d")) as v:
     v.check_answers(examples, "data.train_path")
-    user.SEEN.clear()
+    user.forget()
     v.score(TEXTS, GOLDS, problems)
-  assert [x[1] for x in user.SEEN] == ["file-a"] * 3 + ["d"] * 5  # the row's, else the setting
-  assert user.SEEN[3][4] == {"split": "train", "id": 7, "prompt": "Half of one?", "index": 3}
-  assert user.SEEN[4][4] == {"prompt": "A synthetic problem?", "index": 4}
+  calls = sorted(user.seen(), key=lambda x: x[4]["index"])
+  assert [x[1] for x in calls] == ["file-a"] * 3 + ["d"] * 5  # the row's, else the setting
+  assert calls[3][4] == {"split": "train", "id": 7, "prompt": "Half of one?", "index": 3}
+  assert calls[4][4] == {"prompt": "A synthetic problem?", "index": 4}
 
   cfg = RewardConfig(domain="user_rewards:columns_reward")
   with open_verifier(cfg) as v:
     v.check_answers(examples, "data.train_path")
-    user.SEEN.clear()
+    user.forget()
     v.score(TEXTS, GOLDS, problems)
-  [kwargs] = user.SEEN
+  [[kwargs]] = user.seen()
   assert kwargs["level"] == [2, 2, 2, None, None, None, None, None]
   assert kwargs["answer"] == [13, 13, 13, "0.5", *GOLDS[4:]]  # the row's own, else the gold
   assert kwargs["ground_truth"] == GOLDS and kwargs["prompts"] == problems
@@ -520,7 +540,7 @@ def test_a_reward_that_fails_on_every_response_ends_the_run_in_one_line(tmp_path
   (tmp_path / "arith_reward.py").write_text(textwrap.dedent(REWARD_MODULE))
   environ = tiny_run.env(tmp_path, REWARD_CALLS=str(tmp_path / "calls.jsonl"))
   flags = [*tiny_run.RAW_PROMPTS_RUN, "--config.rl.steps=1"]
-  flags.append("--config.reward.domain=arith_reward:score,arith_reward:lists_expected")
+  flags.append("--config.reward.domain=arith_reward:lists_expected")
   out = tiny_run.launch(tmp_path / "run", *flags, environ=environ, timeout=300)
   assert out.returncode == 1, out.stderr[-3000:]
   line = out.stderr.strip().splitlines()[-1]
