@@ -49,6 +49,7 @@ trainer process.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import itertools
@@ -421,6 +422,7 @@ class Caller:
   def scores(self, texts: list, golds: list, prompts: list, rows: list) -> list[Scores]:
     """Each function's `Scores` of the responses (all functions' calls run at once)."""
     n = len(texts)
+    rows = [copy.deepcopy(r) for r in rows]  # each response's own, though rows repeat
     verl = [(t, g, p, i, r) for i, (t, g, p, r) in enumerate(zip(texts, golds, prompts, rows))]
     one = [([t], [g], [p], [r]) for t, g, p, r in zip(texts, golds, prompts, rows)]
     calls = []
