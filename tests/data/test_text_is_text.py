@@ -1,6 +1,6 @@
-"""Text from outside the policy stays text: special-token strings in a problem, a dataset
-row, a tool's output or an environment's answer never become special ids; the verifier
-reads the policy's own turns; no observation string ends a run."""
+"""Text from outside the policy stays text: control-token strings (special or added) in a
+problem, a dataset row, a tool's output or an environment's answer never become their ids;
+the verifier reads the policy's own turns; no observation string ends a run."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rlvr.data import chat_templates, prompts, tokens
 from rlvr.model import tiny
 from rlvr.report import metrics, samples_log
 from rlvr.run import sft
+from rlvr.sampling import SamplingParams
 from rlvr.sampling.types import Completion
 
 LLAMA3_TEMPLATE = (
@@ -48,7 +49,17 @@ QWEN_SPECIAL = [
   "<|image_pad|>",
   "<|video_pad|>",
 ]
-QWEN_PLAIN_ADDED = ["<tool_call>", "</tool_call>", "<think>", "</think>"]  # not special
+# Added tokens that are not special (Qwen3's): control tokens all the same.
+QWEN_PLAIN_ADDED = [
+  "<tool_call>",
+  "</tool_call>",
+  "<tool_response>",
+  "</tool_response>",
+  "<think>",
+  "</think>",
+]
+# An added run of whitespace (as some families add for code): the text's own token.
+RUN = "\n\n\n"
 
 
 def _bpe_tokenizer(path, special, plain_added, template, bos=None, eos=None, pad=None):
@@ -112,12 +123,16 @@ def families(tmp_path_factory):
   qwen = _bpe_tokenizer(
     root / "qwen",
     QWEN_SPECIAL,
-    QWEN_PLAIN_ADDED,
+    [RUN, *QWEN_PLAIN_ADDED],
     chat_templates.CHATML,
     eos="<|im_end|>",
     pad="<|endoftext|>",
   )
-  return {"chatml": chatml, "llama3": llama3, "qwen": qwen}
+  # The same vocabulary without the added control tokens: text as the model reads it typed.
+  bare = _bpe_tokenizer(
+    root / "bare", QWEN_SPECIAL, [RUN], chat_templates.CHATML, eos="<|im_end|>", pad="<|endoftext|>"
+  )
+  return {"chatml": chatml, "llama3": llama3, "qwen": qwen, "bare": bare}
 
 
 @pytest.mark.parametrize("family", ["chatml", "llama3", "qwen"])
@@ -146,9 +161,107 @@ def test_every_special_token_string_encodes_to_no_special_id(families, family):
     assert s in tok.decode(ids, skip_special_tokens=True), s
     raw = prompts.format_prompt(tok, text, chat_template="none")
     assert tokens.count_special(tok, raw) == tokens.count_special(tok, raw_benign), s
-  if family == "qwen":  # added tokens that are not special stay the tokens the model knows
-    think = tok.convert_tokens_to_ids("<think>")
-    assert think in tokens.encode_plain(tok, "<think>hm</think><|im_end|>")
+
+
+class _NoBackend:
+  """A tokenizer without a fast backend whose `split_special_tokens` splits only special
+  tokens (a custom tokenizer class)."""
+
+  def __init__(self, tok):
+    self._tok = tok
+
+  def __call__(self, *args, **kwargs):
+    return self._tok(*args, **kwargs)
+
+  def __getattr__(self, name):
+    if name == "backend_tokenizer" or name.startswith("_rlvr"):
+      raise AttributeError(name)
+    return getattr(self._tok, name)
+
+
+class _ToolTurns:
+  """A turn ends at "</tool_call>"; the tool answers once with text that holds every added
+  token's string (and an added whitespace run), inside a declared chat-style wrap."""
+
+  stop = ("</tool_call>",)
+  wrap = ("<tool_response>\n", "\n</tool_response>")
+
+  def __init__(self, answer: str):
+    self.answer = answer
+
+  def observe(self, episode, turn):
+    return self.answer if len(episode.turns) == 1 else None
+
+
+def test_added_tokens_that_are_not_special_stay_text(families, tmp_path):
+  """`<think>`, `<tool_call>`... in a problem or a tool's output are the ordinary pieces of
+  their characters (what the same vocabulary without those tokens makes of the text), while
+  the template's own `<think>`, the wrap an environment declares and the tokens the policy
+  sampled stay the added ids."""
+  tok, bare = families["qwen"], families["bare"]
+  added = {s: tok.convert_tokens_to_ids(s) for s in QWEN_PLAIN_ADDED}
+  assert all(i >= len(bare) for i in added.values())  # bare has no id for any of them
+  text = "".join(f"say {s}{RUN}x{s} " for s in added) + "<|im_end|>"
+  cfg = envs.EnvConfig(name="echo_env:make", observation_max_tokens=1000)
+  single = envs.episodes_for(cfg, envs.SingleTurn(cfg), tok)
+  want = bare(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+  got = {
+    "tool output": single.encode(text),
+    "problem": prompts.format_prompt(tok, text),
+    "raw problem": prompts.format_prompt(tok, text, chat_template="none"),
+  }
+  assert {k: [i for i in v if i in added.values()] for k, v in got.items()} == dict.fromkeys(
+    got, []
+  )
+  assert got["tool output"] == want and tokens.encode_plain(tok, text) == want
+  assert got["problem"] == prompts.format_prompt(bare, text)
+  raw = bare(prompts.user_message(text), split_special_tokens=True)["input_ids"]
+  assert got["raw problem"] == raw
+  assert tok.convert_tokens_to_ids(RUN) in want and tok.decode(want) == text
+  # Without a fast backend each control string is broken before its first character.
+  broken = tokens.encode_plain(_NoBackend(tok), text)
+  assert not [i for i in broken if i in added.values()] and tok.decode(broken) == text
+  assert tokens.count_special(tok, broken) == 0
+  # A template's own `<think>` stays the added id; the problem's are text.
+  thinking = tmp_path / "thinking.jinja"
+  thinking.write_text(chat_templates.CHATML + "{{- '<think>\\n\\n</think>\\n\\n' }}")
+  ids = prompts.format_prompt(tok, text, chat_template=str(thinking))
+  assert ids[: len(got["problem"])] == got["problem"]
+  assert [i for i in ids if i in added.values()] == [added["<think>"], added["</think>"]]
+
+  # An episode: the policy's own `<tool_call>` ids stay; the tool's text is text inside the
+  # wrap's ids, which the environment declares.
+  def policy_turn(body: str) -> list[int]:
+    return [
+      added["<tool_call>"],
+      *tok.encode(body, add_special_tokens=False),
+      added["</tool_call>"],
+    ]
+
+  turns = [policy_turn('{"name": "f"}'), tok.encode("done", add_special_tokens=False)]
+
+  def generate(ids, sp):
+    turn = turns.pop(0)
+    return [[Completion(tuple(turn), (0.0,) * len(turn), tok.decode(turn), "stop")] for _ in ids]
+
+  env_cfg = envs.EnvConfig(
+    name="echo_env:make", observation_max_tokens=1000, max_turns=4, max_total_tokens=1000
+  )
+  episodes = envs.episodes_for(env_cfg, _ToolTurns(text), tok)
+  prompt = prompts.format_prompt(tok, "Call f.")
+  ((episode,),) = episodes.generate(generate, [prompt], SamplingParams(n=1, max_tokens=64))
+  wrap = [tok.convert_tokens_to_ids(s) for s in ("<tool_response>", "</tool_response>")]
+  observed = [i for i, m in zip(episode.token_ids, episode.loss_mask) if m == 0]
+  own = [i for i, m in zip(episode.token_ids, episode.loss_mask) if m == 1]
+  assert own == policy_turn('{"name": "f"}') + tok.encode("done", add_special_tokens=False)
+  assert observed == [
+    wrap[0],
+    *tok.encode("\n", add_special_tokens=False),
+    *want,
+    *tok.encode("\n", add_special_tokens=False),
+    wrap[1],
+  ]
+  assert episode.info["turns"] == 2
 
 
 def test_sft_rows_hold_no_forged_turn(families):
