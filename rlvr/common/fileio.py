@@ -4,7 +4,7 @@ work dir's lock; disk errors in one line.
 A file written with `atomic_open` appears at its path only once the block that writes
 it ends without an error (a temporary beside it, then `os.replace`), so a killed run,
 or one whose disk is full, never leaves a half-written checkpoint index, report or
-weight file behind.
+weight file behind; `atomic_dir` does the same for a whole folder (an HF export).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import socket
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -154,3 +155,37 @@ def _chain(e: BaseException | None) -> Iterator[BaseException]:
     seen.add(id(e))
     yield e
     e = e.__cause__ or e.__context__
+
+
+# ------------------------------------------------------------------ whole folders
+def replace_dir(src: str, dest: str) -> None:
+  """Renames the folder `src` to `dest` in place of whatever `dest` held, which is renamed
+  aside first and removed after: `dest` holds its old contents or `src`'s, never a mix."""
+  aside = f"{dest}.old{os.getpid()}"
+  if os.path.lexists(dest):
+    os.rename(dest, aside)
+  os.rename(src, dest)
+  if os.path.isdir(aside) and not os.path.islink(aside):
+    shutil.rmtree(aside)
+  elif os.path.lexists(aside):
+    os.remove(aside)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str, write: bool = True) -> Iterator[str]:
+  """A folder to fill that replaces the folder `path` whole when the block ends without an
+  error, as `atomic_open` replaces a file: the block writes into `path`.partial beside it
+  (emptied first), which `replace_dir` then renames into place, so `path` never holds half
+  a folder nor files of the one it replaces. The name is the same on every process of a
+  multi-host run; write=False (a process that writes nothing) touches nothing on disk."""
+  tmp = f"{os.path.abspath(path)}.partial"
+  if not write:
+    yield tmp
+    return
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    yield tmp
+    replace_dir(tmp, os.path.abspath(path))
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any
 
 import jax
@@ -105,8 +104,9 @@ def save_adapter(
 
   dtype: of the written tensors (default: the adapters'). base: the base model's path or
   hub id, the config's `base_model_name_or_path` (PEFT loads the base from it). The
-  directory is written beside `path` and renamed into place, so `path` never holds half an
-  adapter. Shapes are checked against the model first (AdapterError naming the kernel).
+  directory is written beside `path` and renamed into place (`fileio.atomic_dir`), so `path`
+  never holds half an adapter nor files of what it held before. Shapes are checked against
+  the model first (AdapterError naming the kernel).
   Multi-host: every process calls this (the adapters are gathered collectively); process 0
   writes.
   """
@@ -152,17 +152,10 @@ def save_adapter(
       "use_dora": False,
       "inference_mode": True,
     }
-    tmp = f"{path}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with fileio.atomic_dir(path) as tmp:
       os.makedirs(tmp)
       save_file(tensors, os.path.join(tmp, WEIGHTS_FILE))
       fileio.write_json(os.path.join(tmp, CONFIG_FILE), config)
-      shutil.rmtree(path, ignore_errors=True)
-      os.rename(tmp, path)
-    except BaseException:
-      shutil.rmtree(tmp, ignore_errors=True)
-      raise
   hf_io._wait_for_writer(path)
   return path
 

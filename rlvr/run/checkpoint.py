@@ -4,13 +4,14 @@ Restoring takes an abstract state whose leaves carry the target shardings, so
 a run can resume on a different mesh (orbax reshards on read).
 
 Every checkpoint verifies itself: once orbax has finished writing a step (on every
-process), process 0 writes `rlvr_manifest.json` into the step's directory, the size
-and BLAKE2b checksum of each of its files, atomically. A step is restored only if
-each file it lists is there with that size and checksum; a step without a manifest
-(a save that did not finish) does not verify either. `restore_or_init` moves a step
-that does not verify to `<dir>/corrupt/<step>-<reason>` (orbax no longer lists it),
-says so in one line and resumes from the newest step that verifies; with none left,
-the run stops with one line saying what to move.
+process), process 0 writes `rlvr_manifest.json` into the step's directory, the size and
+BLAKE2b checksum of each of its files, atomically. A step is restored only if its
+manifest lists every file in the step's directory, each inside it and there with that
+size and checksum; a step without a manifest (a save that did not finish) does not
+verify either. The SFT phase's HF export carries the same manifest (`export_hf`).
+`restore_or_init` moves a step that does not verify to `<dir>/corrupt/<step>-<reason>`
+(orbax no longer lists it), says so in one line and resumes from the newest step that
+verifies; with none left, the run stops with one line saying what to move.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class CheckpointError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Problem:
   """Why a step does not verify: `file` (relative to the step dir) and a one-word
-  `reason` (unverified, manifest, missing, truncated, size, checksum), `detail` in words."""
+  `reason` (unverified, manifest, unlisted, missing, truncated, size, checksum), `detail`
+  in words."""
 
   file: str
   reason: str
@@ -77,15 +79,25 @@ def _digests(root: str, files: list[str]) -> list[tuple[int, str]]:
 
 
 def _files(step_dir: str) -> list[str]:
-  """Every file under the step dir (relative, sorted) but the manifest and its temporary."""
+  """Every file under the step dir (relative, sorted) but the manifest and its temporary;
+  a link to a folder (which the walk does not enter) counts as a file."""
   out = []
   for root, dirs, names in os.walk(step_dir):
     dirs.sort()
-    for name in sorted(names):
+    links = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+    for name in sorted(names + links):
       rel = os.path.relpath(os.path.join(root, name), step_dir)
       if not rel.startswith(MANIFEST):
         out.append(rel)
   return out
+
+
+def _inside(root: str, rel: str) -> bool:
+  """Whether `rel` names a path under the folder `root`, links resolved."""
+  if not rel or os.path.isabs(rel):
+    return False
+  real = os.path.realpath(root)
+  return os.path.realpath(os.path.join(real, rel)).startswith(real + os.sep)
 
 
 def write_manifest(step_dir: str) -> str:
@@ -105,8 +117,10 @@ def write_manifest(step_dir: str) -> str:
 
 
 def verify(step_dir: str) -> Problem | None:
-  """None when every file the step's manifest lists is there with its size and checksum;
-  else the first that is not (sizes are checked before any file is read)."""
+  """None when the step's manifest lists every file in `step_dir`, each entry a path inside
+  it (links resolved), and each file is there with its size and checksum; else the first
+  problem: no manifest, an unreadable or empty one, an entry outside the folder (never
+  read), an unlisted file, then sizes before any file is read, then checksums."""
   path = os.path.join(step_dir, MANIFEST)
   if not os.path.exists(path):
     return Problem(
@@ -120,6 +134,17 @@ def verify(step_dir: str) -> Problem | None:
     expected = [(rel, int(e["bytes"]), str(e["blake2b"])) for rel, e in files.items()]
   except (ValueError, KeyError, TypeError, AttributeError) as e:
     return Problem(MANIFEST, "manifest", f"unreadable manifest ({' '.join(str(e).split())})")
+  if not expected:
+    return Problem(MANIFEST, "manifest", "the manifest lists no files")
+  for rel, _, _ in expected:
+    if not _inside(step_dir, rel):
+      why = "outside the folder (a manifest entry must name a file inside it)"
+      return Problem(rel, "manifest", why)
+  listed = {os.path.normpath(rel) for rel, _, _ in expected}
+  for rel in _files(step_dir):
+    if rel not in listed:
+      why = "not in the manifest (every file of the folder must be listed)"
+      return Problem(rel, "unlisted", why)
   for rel, size, _ in expected:
     full = os.path.join(step_dir, rel)
     if not os.path.isfile(full):
@@ -415,11 +440,21 @@ def export_hf(
   state: learner.TrainState,
   tokenizer=None,
   dtype=None,
+  manifest: bool = False,
 ) -> str:
-  """Writes the policy (master params, optionally cast) as an HF directory; a LoRA
-  state is written merged."""
+  """Writes the policy (master params, optionally cast) as an HF directory at `path`; a
+  LoRA state is written merged. The directory is written beside `path` and renamed into
+  place whole (`fileio.atomic_dir`): nothing of what `path` held before stays in it.
+  manifest: with its checksum manifest (`write_manifest`), written before the rename.
+  Multi-host: every process calls this; process 0 writes."""
   params = learner.policy_params(state)
-  return hf_io.save_hf(path, model_cfg, params, tokenizer=tokenizer, dtype=dtype)
+  writer = distributed.is_writer()
+  with fileio.atomic_dir(path, write=writer) as tmp:
+    hf_io.save_hf(tmp, model_cfg, params, tokenizer=tokenizer, dtype=dtype)
+    if manifest and writer:
+      write_manifest(tmp)
+  hf_io._wait_for_writer(path)  # the others return once it is in place
+  return path
 
 
 def export_adapter(

@@ -39,7 +39,7 @@ def warm_start(run: Run) -> str:
   names; returns the HF dir RL starts from."""
   s = run.settings
   if s.sft.init_from:
-    return sft.reuse(s.sft.init_from)
+    return sft.reuse(s.sft.init_from, run.model_dir)
   if s.sft.steps <= 0:
     return run.model_dir
   return sft.train_sft(

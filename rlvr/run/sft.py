@@ -185,16 +185,16 @@ def train_sft(
     )
   writer.close()
   mngr.close()
-  checkpoint.export_hf(out_dir, m_cfg, state, tokenizer=tok)  # LoRA: merged
-  if distributed.is_writer():
-    checkpoint.write_manifest(out_dir)  # written last: the export is whole
+  # LoRA: merged. The manifest is written into the export before it is renamed into place.
+  checkpoint.export_hf(out_dir, m_cfg, state, tokenizer=tok, manifest=True)
   return out_dir
 
 
-def reuse(init_from: str) -> str:
+def reuse(init_from: str, model_dir: str) -> str:
   """The finished SFT model `init_from` names (`sft.init_from`): a run's work dir, its sft/
-  dir, or the sft/model/ dir itself, which must verify against its manifest; else a
-  one-line ValueError naming the field."""
+  dir, or the sft/model/ dir itself, which must verify against its manifest (every file of
+  the folder listed, `checkpoint.verify`) and be an SFT of the run's model `model_dir`
+  (`check_fits`); else a one-line ValueError naming the field."""
   import os
 
   from rlvr.run import checkpoint
@@ -209,14 +209,72 @@ def reuse(init_from: str) -> str:
   problem = checkpoint.verify(found)
   if problem is not None:
     raise ValueError(f"sft.init_from: {found} does not verify: {problem.file}: {problem.detail}")
+  check_fits(found, model_dir)
   print(f"SFT: reusing {found} (sft.init_from)", flush=True)
   return found
 
 
+def check_fits(found: str, model_dir: str) -> None:
+  """A one-line ValueError naming sft.init_from when the HF model in `found` is not one the
+  run with model `model_dir` can start from: another vocabulary size (the run's token ids
+  would index past its embedding table), another architecture (any `ModelConfig` field),
+  or another tokenizer (its vocabulary, token to id, or its special tokens' ids)."""
+  import dataclasses
+
+  from rlvr.model.config import ModelConfig
+
+  where = f"sft.init_from: {found}"
+  have, want = ModelConfig.from_hf(found), ModelConfig.from_hf(model_dir)
+  if have.vocab_size != want.vocab_size:
+    raise ValueError(
+      f"{where} has a vocabulary of {have.vocab_size} tokens, the run's model "
+      f"{want.vocab_size} ({model_dir}); give an SFT of the run's model"
+    )
+  differ = [
+    f"{f.name} {getattr(have, f.name)!r}, the run's {getattr(want, f.name)!r}"
+    for f in dataclasses.fields(ModelConfig)
+    if getattr(have, f.name) != getattr(want, f.name)
+  ]
+  if differ:
+    raise ValueError(
+      f"{where} is another architecture than the run's model: {'; '.join(differ)} "
+      f"({model_dir}); give an SFT of the run's model"
+    )
+  detail = _tokenizer_difference(found, model_dir)
+  if detail:
+    raise ValueError(
+      f"{where} has another tokenizer than the run's model ({model_dir}): {detail}; give an "
+      "SFT of the run's model"
+    )
+
+
+def _tokenizer_difference(found: str, model_dir: str) -> str:
+  """How the tokenizer saved in `found` differs from `model_dir`'s, in words; "" if not."""
+  from transformers import AutoTokenizer
+
+  try:
+    have = AutoTokenizer.from_pretrained(found)
+  except Exception as e:  # noqa: BLE001 - any loading error is the folder's, said in one line
+    lines = str(e).strip().splitlines() or [type(e).__name__]
+    return f"its own does not load ({lines[0]})"
+  want = AutoTokenizer.from_pretrained(model_dir)
+  a, b = have.get_vocab(), want.get_vocab()
+  if len(a) != len(b):
+    return f"{len(a)} tokens, the run's {len(b)}"
+  for token, i in sorted(b.items(), key=lambda kv: kv[1]):
+    if a.get(token) != i:
+      there = "not in it" if a.get(token) is None else f"id {a[token]}"
+      return f"token {token!r} is {there}, the run's id {i}"
+  for name in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
+    if getattr(have, name) != getattr(want, name):
+      return f"{name} {getattr(have, name)}, the run's {getattr(want, name)}"
+  return ""
+
+
 def _verified(workdir: str, out_dir: str) -> bool:
-  """Whether a finished SFT phase left `out_dir` whole: every file its manifest
-  (`checkpoint.write_manifest`) lists is there with its size and checksum. One that does not
-  verify, or has no manifest (its export did not finish), is moved to
+  """Whether a finished SFT phase left `out_dir` whole: its manifest lists every file of the
+  folder, each there with its size and checksum (`checkpoint.verify`). One that does not
+  verify, or has no manifest (an rlvr without checksums wrote it), is moved to
   `workdir`/corrupt/model-<reason> with one line saying why, and SFT runs again.
   Process 0 checks and moves; every process gets its answer."""
   import os

@@ -505,11 +505,11 @@ def test_launch_train_with_a_user_reward_on_raw_prompts(tmp_path):
   assert set(calls[0][2]) == set(calls[2][2]) == heldout
 
   verl = [json.loads(line) for line in (tmp_path / "calls.jsonl.verl").read_text().splitlines()]
-  assert [v[1] for v in verl] == [r for call in calls for r in call[0]]  # one response a call
-  assert {v[0] for v in verl} == {"arith"} and [v[2] for v in verl] == [
-    a for call in calls for a in call[1]
-  ]
-  assert [v[3]["prompt"] for v in verl] == [p for call in calls for p in call[2]]
+  # one response a call, each with its answer and problem (two workers: in any order)
+  assert sorted((v[1], v[2], v[3]["prompt"]) for v in verl) == sorted(
+    t for call in calls for t in zip(*call[:3])
+  )
+  assert {v[0] for v in verl} == {"arith"}
 
   def used(call):  # what the run makes of the three functions' values: NaN scores 0
     return [
