@@ -6,7 +6,9 @@ count in the header at its word: an array of 2^40 uint8 in a small file keeps it
 appending empty reads past the end until memory runs out, and a tensor reaching past
 the end turns into a reshape error deep inside it. `GGUFFile` walks the header itself, checks
 each count against the bytes left and each tensor's extent against the file and its
-neighbours, and hands the tensor bytes to `gguf.quants.dequantize` (the package's own
+neighbours, checks the type of every metadata value this library reads
+(`METADATA_TYPES`: a bool where a token id belongs, an integer where the chat template
+belongs), and hands the tensor bytes to `gguf.quants.dequantize` (the package's own
 dequantization). Every defect is a `GGUFError`: one line naming the file.
 """
 
@@ -49,8 +51,55 @@ _SCALARS = {
 }
 
 
+# The type of each metadata key read outside an architecture's own keys (`rlvr.model.gguf_io`
+# checks those), as llama.cpp's converter writes it.
+METADATA_TYPES = {
+  "general.architecture": "string",
+  "general.alignment": "integer",
+  "tokenizer.ggml.model": "string",
+  "tokenizer.ggml.pre": "string",
+  "tokenizer.ggml.tokens": "array of string",
+  "tokenizer.ggml.scores": "array of number",
+  "tokenizer.ggml.token_type": "array of integer",
+  "tokenizer.ggml.merges": "array of string",
+  "tokenizer.ggml.precompiled_charsmap": "array of integer",
+  "tokenizer.ggml.bos_token_id": "integer",
+  "tokenizer.ggml.eos_token_id": "integer",
+  "tokenizer.ggml.unknown_token_id": "integer",
+  "tokenizer.ggml.padding_token_id": "integer",
+  "tokenizer.ggml.add_space_prefix": "bool",
+  "tokenizer.ggml.add_bos_token": "bool",
+  "tokenizer.ggml.add_eos_token": "bool",
+  "tokenizer.chat_template": "string",
+}
+_IS = {
+  "string": lambda v: isinstance(v, str),
+  "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+  "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+  "bool": lambda v: isinstance(v, bool),
+}
+
+
 class GGUFError(ValueError):
   """A GGUF file this library cannot read; the message names the file."""
+
+
+def _kind(value) -> str:
+  """What a metadata value is, in `METADATA_TYPES`' words."""
+  if isinstance(value, list):
+    return f"array of {_kind(value[0])}" if value else "empty array"
+  return next((kind for kind in ("bool", "integer", "string") if _IS[kind](value)), "float")
+
+
+def _an(words: str) -> str:
+  return f"{'an' if words[0] in 'aeiou' else 'a'} {words}"
+
+
+def _has_type(value, kind: str) -> bool:
+  item = kind.removeprefix("array of ")
+  if item == kind:
+    return _IS[kind](value)
+  return isinstance(value, list) and all(map(_IS[item], value))
 
 
 def type_name(qtype: int) -> str:
@@ -180,6 +229,9 @@ class GGUFFile:
       if key in metadata:
         cur.fail(f"metadata {key!r} appears twice")
       metadata[key] = cur.value(cur.unpack("<I"), key)
+    for key, kind in METADATA_TYPES.items():
+      if key in metadata and not _has_type(metadata[key], kind):
+        cur.fail(f"metadata {key!r}: {_an(_kind(metadata[key]))}, not {_an(kind)}")
     cur.count(n_tensors, 24, "tensor records")  # name length, dims, type, offset
     records = [self._record(cur) for _ in range(n_tensors)]
     align = metadata.get("general.alignment", 32)

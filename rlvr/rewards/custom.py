@@ -402,14 +402,12 @@ class Caller:
     if not calls:
       return []
     payloads = [(self._call(self.fns[f]), args) for f, _, args in calls]
-    from rlvr.rewards import pool as pool_lib  # it imports the config, which imports this
-
     out = self.pool.run(_run_call, payloads, self.timeout_s + GRACE_S)
     lost = {
-      pool_lib.TIMED_OUT: _Failed(
+      self.pool.TIMED_OUT: _Failed(
         "fn_timeout", f"took longer than {TIMEOUT_FIELD}={self.timeout_s:g} s"
       ),
-      pool_lib.DIED: _Failed(
+      self.pool.DIED: _Failed(
         "fn_died", "ended its reward worker process (an exit, a crash or a signal)"
       ),
     }

@@ -170,6 +170,8 @@ class RewardPool:
   (calls are serialised by a lock).
   """
 
+  TIMED_OUT, DIED = TIMED_OUT, DIED  # what `run` gives for an item lost to a hang, a death
+
   def __init__(
     self,
     workers: int = 2,

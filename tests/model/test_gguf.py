@@ -236,9 +236,9 @@ def _tiny(family: str, seed: int = 0):
   return cfg, params
 
 
-def _as_gguf(path, cfg, params, permute=True) -> str:
+def _as_gguf(path, cfg, params, permute=True, metadata=None) -> str:
   """`params` written as llama.cpp's converter writes the model (Q/K rows reordered for
-  llama), all float32."""
+  llama), all float32. metadata: keys to set (None: to leave out) over the usual ones."""
   gguf_name = {
     hf.format(i=i): name.format(i=i)
     for name, hf in gguf_io.TENSOR_NAMES.items()
@@ -251,6 +251,7 @@ def _as_gguf(path, cfg, params, permute=True) -> str:
       w = _llama_cpp_order(w, cfg.num_heads if "attn_q" in name else cfg.num_kv_heads)
     tensors.append((name, w, Q.F32))
   a = cfg.family
+  changes = metadata or {}
   metadata = {
     f"{a}.block_count": cfg.num_layers,
     f"{a}.context_length": cfg.max_position_embeddings,
@@ -263,6 +264,8 @@ def _as_gguf(path, cfg, params, permute=True) -> str:
     f"{a}.vocab_size": cfg.vocab_size,
     **_tokenizer_metadata(cfg.vocab_size),
   }
+  metadata.update(changes)
+  metadata = {key: value for key, value in metadata.items() if value is not None}
   return _write(path, tensors, metadata, arch=a)
 
 
