@@ -6,7 +6,8 @@ recomputes the completion-token logprobs, applies the policy loss
 correction (truncated IS per token or sequence, sequence masking), accumulates
 gradients over micro-batches with the loss normaliser of the WHOLE batch (so 1 or k
 micro-batches give the same step), clips the global gradient norm and takes one AdamW
-step. State is donated.
+step, none when the loss or the gradient norm is not finite (`Learner.update` then raises
+`NonFiniteError`). State is donated.
 
 With `LearnerConfig.lora.rank > 0` the trained pytree (`TrainState.params`,
 and so the optimizer state) is the LoRA adapters, the frozen base rides in
@@ -18,13 +19,15 @@ the policy's weights either way; `policy_weights(state)` is what a sampler is ha
 
 This file is the package's public API; the code lives in `config` (LearnerConfig,
 TrainBatch), `state` (states, optimizer, shardings), `logprobs` (log-prob passes,
-masks), `update` (the loss and the update step), `packing` and `ppo`; `learner` holds
+masks), `update` (the loss and the update step), `nonfinite` (an update whose loss or
+gradient is not finite is not applied: `NonFiniteError`), `packing` and `ppo`; `learner` holds
 `Learner`, the state and the buffer-to-update path as one RL step uses them.
 """
 
 from rlvr.learner.config import RL_ONLY, LearnerConfig, TrainBatch
 from rlvr.learner.learner import Learner
 from rlvr.learner.logprobs import batch_logprobs, loss_mask, make_logprob_fn
+from rlvr.learner.nonfinite import NonFiniteError
 from rlvr.learner.packing import BatchShape
 from rlvr.learner.state import (
   LoraTrainState,
@@ -45,6 +48,7 @@ __all__ = [
   "Learner",
   "LearnerConfig",
   "LoraTrainState",
+  "NonFiniteError",
   "TrainBatch",
   "TrainState",
   "batch_logprobs",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from rlvr.learner import packing, ppo
+from rlvr.learner import nonfinite, packing, ppo
 from rlvr.learner.config import LearnerConfig, TrainBatch
 from rlvr.learner.logprobs import make_logprob_fn
 from rlvr.learner.state import policy_weights, reset_optimizer
@@ -66,7 +66,9 @@ class Learner:
     )
 
   def update(self, groups: Sequence, step: int) -> dict[str, float]:
-    """The optimizer step(s) on a buffer of scored groups; returns the learner's metrics."""
+    """The optimizer step(s) on a buffer of scored groups; returns the learner's metrics.
+    A loss or gradient that is not finite raises `nonfinite.NonFiniteError` (one line);
+    that optimizer step was not applied to `state`."""
     cfg = self.cfg
     advantages = packing.group_advantages(groups, cfg)
     rng = ppo.shuffle_rng(self.seed, step)
@@ -85,9 +87,13 @@ class Learner:
       )
       for chunk in chunks
     ]
-    self.state, metrics = ppo.update_on_batches(
-      self.state, self.update_fn, self.logp_fn, batches, cfg, rng
-    )
+    try:
+      self.state, metrics = ppo.update_on_batches(
+        self.state, self.update_fn, self.logp_fn, batches, cfg, rng
+      )
+    except nonfinite.NonFiniteError as e:
+      self.state = e.state  # the update took (donated) the state it was given
+      raise
     return metrics
 
   def weights(self):

@@ -3,17 +3,21 @@
 `update_on_batches` is what `Learner.update` ends with: one update with the current policy
 as the old one when the buffer is one mini-batch of one epoch, otherwise whole groups in
 `rl.learner.ppo_mini_batch_size` mini-batches (`mini_batches`), `rl.learner.ppo_epochs` passes, old logprobs
-fixed once before the first optimizer step (`multi_step_update`).
+fixed once before the first optimizer step (`multi_step_update`). An optimizer step whose
+loss or gradient was not finite was not applied; `update_on_batches` then raises
+`nonfinite.NonFiniteError`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rlvr import objectives
+from rlvr.learner import nonfinite
 from rlvr.learner.logprobs import completion_mask
 from rlvr.learner.state import policy_weights
 
@@ -103,16 +107,38 @@ def update_on_batches(
 
   One batch and one epoch: exactly one update with the current policy as the old one
   (ratio 1); otherwise `multi_step_update` (epochs in `rng`'s order), which needs logp_fn.
+  An optimizer step whose loss or gradient norm was not finite was not applied (the steps
+  after it were): raises `nonfinite.NonFiniteError` naming the first, with the state.
   """
   if len(batches) == 1 and cfg.ppo_epochs == 1:
     state, m = update_fn(state, batches[0])
-    return state, dict({k: float(v) for k, v in m.items()}, optimizer_steps=1)
-  if logp_fn is None:
+    steps, kl = [m], None
+  elif logp_fn is None:
     raise ValueError(
       "ppo_mini_batch_size / ppo_epochs: several optimizer steps per rollout need "
       "logp_fn (learner.make_logprob_fn) to fix the old logprobs"
     )
-  state, steps, kl = multi_step_update(
-    state, update_fn, logp_fn, batches, cfg.ppo_epochs, cfg.old_logp, rng
-  )
+  else:
+    state, steps, kl = multi_step_update(
+      state, update_fn, logp_fn, batches, cfg.ppo_epochs, cfg.old_logp, rng
+    )
+  steps = [{k: float(v) for k, v in m.items()} for m in steps]
+  check_finite(state, steps, batches)
+  for m in steps:
+    m.pop(nonfinite.LEAF, None)
+  if kl is None:
+    return state, dict(steps[0], optimizer_steps=1)
   return state, dict(_mean_over_steps(steps), optimizer_steps=len(steps), kl_first_last=kl)
+
+
+def check_finite(state, steps: Sequence[dict], batches: Sequence) -> None:
+  """Raises `nonfinite.NonFiniteError` for the first optimizer step (of the float metrics
+  `steps`, made on `batches`, the mini-batches) whose update was not applied, with `state`."""
+  bad = next((i for i, m in enumerate(steps) if not nonfinite.is_finite(m)), None)
+  if bad is None:
+    return
+  names = [nonfinite.leaf_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(state.params)]
+  line = nonfinite.describe(steps[bad], policy_weights(state), batches, names)
+  if len(steps) > 1:
+    line = f"optimizer step {bad + 1} of {len(steps)}: {line}"
+  raise nonfinite.NonFiniteError(f"{line}; that update was not applied", state)

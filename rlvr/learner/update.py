@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from rlvr import objectives
+from rlvr.learner import nonfinite
 from rlvr.learner.config import LearnerConfig, TrainBatch
 from rlvr.learner.logprobs import (
   completion_mask,
@@ -145,7 +146,9 @@ def train_step(
   mesh=None,
 ):
   """One optimizer step on `batch` (pure; jitted by `make_update_fn`; mesh: the one it is
-  jitted for, handed to the model's forward)."""
+  jitted for, handed to the model's forward). A loss or gradient norm that is not finite
+  returns the state unchanged; metrics[`nonfinite.LEAF`] names the first parameter whose
+  gradient is not finite (`nonfinite`)."""
   counted = completion_mask(batch) if cfg.normalize_all else loss_mask(batch, cfg)
   normalizer = objectives.loss_normalizer(counted, cfg.aggregation, batch.sequences_bt)
   loss_fn = micro_loss
@@ -199,9 +202,15 @@ def train_step(
   ext0 = {"ratio_max": jnp.array(-jnp.inf), "ratio_min": jnp.array(jnp.inf)}
   (grads, sums, ext), _ = jax.lax.scan(body, (zeros, sums0, ext0), micro)
 
-  grad_norm = optax.tree.norm(grads)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  grad_norm, bad_leaf = nonfinite.grad_norm(grads)
+  # A loss or gradient norm that is not finite leaves the state as it came (`nonfinite`).
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+
+  def apply():
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), opt_state
+
+  params, opt_state = jax.lax.cond(finite, apply, lambda: (state.params, state.opt_state))
   n_tok = jnp.maximum(sums.pop("tokens"), 1.0)
   seq_counts = {k: sums.pop(k) for k in ("seq_masked", "sequences") if k in sums}
   if "routing_differ" in sums:  # share of (token, sparse layer) routed unlike the sampler
@@ -223,11 +232,12 @@ def train_step(
     metrics["seq_masked_frac"] = seq_counts["seq_masked"] / jnp.maximum(seq_counts["sequences"], 1)
   metrics.update(metrics_moe, **metrics_routes)
   metrics.update(ext, grad_norm=grad_norm, tokens=n_tok, lr=learning_rate_schedule(cfg)(state.step))
+  metrics[nonfinite.LEAF] = bad_leaf
   new_state = state.replace(
     params=params,
     opt_state=opt_state,
-    step=state.step + 1,
-    rng=jax.random.fold_in(state.rng, state.step),
+    step=jnp.where(finite, state.step + 1, state.step),
+    rng=jnp.where(finite, jax.random.fold_in(state.rng, state.step), state.rng),
   )
   return new_state, metrics
 

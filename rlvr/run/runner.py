@@ -224,7 +224,9 @@ def train(
   optimizer's update count. With rl.loop.max_staleness=1 a checkpoint also keeps the
   buffer built ahead for the next step (`buffer_file`), which a resumed run uses as is.
 
-  SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`).
+  SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`). An
+  update whose loss or gradient is not finite stops the run before anything of its step is
+  saved: `learner.NonFiniteError`, one line with the step and the last good checkpoint.
   `export(policy.state, "step_<k>")` writes the policy every checkpoint.export_every steps
   (checkpoint.export_every).
   """
@@ -283,7 +285,11 @@ def train(
   with interrupt.GracefulStop("RL") as stop:
     try:
       for step in bar:
-        m = rollout.rl_step(policy, method, ctx, step, buffers, samples)
+        try:
+          m = rollout.rl_step(policy, method, ctx, step, buffers, samples)
+        except learner.NonFiniteError as e:
+          message = nonfinite_message(e, step, steps, mngr)
+          raise learner.NonFiniteError(message, e.state) from e
         skipped += m.get("skipped_update", 0)
         solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
         if s.eval.every and (step + 1) % s.eval.every == 0:
@@ -313,6 +319,20 @@ def train(
   writer.close()
   if start < steps and skipped == steps - start:
     raise rollout.NoSignalError(no_update_message(solved, run.workdir))
+
+
+def nonfinite_message(error: Exception, step: int, steps: int, mngr) -> str:
+  """The error of an RL step (0-based `step`) whose update had a loss or gradient that was
+  not finite (`learner.NonFiniteError`): the step, the learner's line, the newest
+  checkpoint (saved before it: no checkpoint holds this step's state)."""
+  last = mngr.latest_step()
+  where = str(mngr.directory)
+  kept = (
+    f"the last good checkpoint is step {last} in {where}"
+    if last is not None
+    else f"no checkpoint was saved before it (in {where})"
+  )
+  return f"RL step {step + 1} of {steps}: {error}; nothing of this step was saved, {kept}"
 
 
 def no_update_message(solved, workdir: str) -> str:
