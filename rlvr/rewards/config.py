@@ -39,6 +39,10 @@ class RewardConfig:
   data_source: what a verl-form compute_score gets as its data_source where the data row
     has no data_source column.
   conversational: a TRL-form function gets prompts and completions as lists of messages.
+  preflight: prove the reward before any training (`rlvr.rewards.preflight`): on
+    `preflight_rows` training rows, the gold answers score and no answer-free or format-only
+    response earns as much; else the run stops in one line.
+  preflight_max_bad_gold: the share of sampled gold answers that may fail to score.
   """
 
   extraction: str = "boxed"
@@ -50,6 +54,9 @@ class RewardConfig:
   weights: tuple = ()
   data_source: str = ""
   conversational: bool = False
+  preflight: bool = True
+  preflight_rows: int = 32
+  preflight_max_bad_gold: float = 0.1
 
   def __post_init__(self):
     object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
@@ -72,6 +79,15 @@ class RewardConfig:
       )
     if not isinstance(self.integer_answers, bool):
       raise TypeError(f"RewardConfig.integer_answers: expected bool, got {self.integer_answers!r}")
+    if isinstance(self.preflight_rows, bool) or not (
+      isinstance(self.preflight_rows, int) and self.preflight_rows >= 1
+    ):
+      raise ValueError(f"reward.preflight_rows: expected an int >= 1, got {self.preflight_rows!r}")
+    if not 0 <= self.preflight_max_bad_gold <= 1:
+      raise ValueError(
+        f"reward.preflight_max_bad_gold: expected a share in [0, 1], got "
+        f"{self.preflight_max_bad_gold!r}"
+      )
     for name in ("timeout_s", "fn_timeout_s"):
       value = getattr(self, name)
       if (

@@ -11,6 +11,7 @@ nothing here depends on which one it is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -25,6 +26,7 @@ from rlvr.model import lora as lora_lib
 from rlvr.parallel import distributed
 from rlvr.report import metrics as metrics_lib
 from rlvr.report import plots, samples_log
+from rlvr.rewards import preflight
 from rlvr.rewards.verifiers import open_verifier
 from rlvr.rollout import buffer_file
 from rlvr.run import checkpoint, evaluation, experiment, interrupt, sft
@@ -384,6 +386,7 @@ def write_summary(run: Run, method, seconds: float) -> dict:
     "eval_after_rl": run.progress["eval_after"],
     "time_s_this_invocation": round(seconds, 1),
     "method": method.name,
+    "preflight": run.progress.get("preflight"),
     "model_dir": run.model_dir,
     "workdir": run.workdir,
     **method.summary(rows),
@@ -423,6 +426,10 @@ def _run(s: experiment.Settings, t_start: float) -> dict:
     verifier.check_answers(r.data.train, "data.train_path")
     for name, exs in r.data.evals.items():
       verifier.check_answers(exs, f"eval set {name}")
+    if s.reward.preflight:  # the reward proven before anything is trained
+      report = preflight.check(verifier, s.reward, r.data.train)
+      print(report.line(), flush=True)
+      r.progress["preflight"] = dataclasses.asdict(report)
     score, eval_score = verifier.score, verifier.for_eval().judge
     start_dir = warm_start(r)
     model_cfg = model_lib.ModelConfig.from_hf(start_dir)

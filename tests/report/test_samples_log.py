@@ -157,6 +157,7 @@ def _train(workdir, tmp_path, steps: int) -> None:
     "--config.rl.log_samples_every=1",
     *RAW_PROMPTS_RUN,
     "--config.reward.domain=samples_reward:score",
+    "--config.reward.preflight=False",  # a toy reward: it pays for length
     "--config.checkpoint.every=2",
     "--config.export_hf=False",
   ]

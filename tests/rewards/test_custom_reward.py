@@ -487,6 +487,7 @@ def test_launch_train_with_a_user_reward_on_raw_prompts(tmp_path):
   domain = "arith_reward:score,arith_reward:compute_score,arith_reward:reward_func"
   flags = [*tiny_run.RAW_PROMPTS_RUN, "--config.rl.steps=1", f"--config.reward.domain={domain}"]
   flags.append("--config.reward.data_source=arith")
+  flags.append("--config.reward.preflight=False")  # toy rewards: they pay for length
   _, steps = tiny_run.train(workdir, *flags, environ=environ, timeout=300)
 
   from configs import tiny_rlvr
@@ -541,6 +542,7 @@ def test_a_reward_that_fails_on_every_response_ends_the_run_in_one_line(tmp_path
   environ = tiny_run.env(tmp_path, REWARD_CALLS=str(tmp_path / "calls.jsonl"))
   flags = [*tiny_run.RAW_PROMPTS_RUN, "--config.rl.steps=1"]
   flags.append("--config.reward.domain=arith_reward:lists_expected")
+  flags.append("--config.reward.preflight=False")  # the failure met in a scoring call
   out = tiny_run.launch(tmp_path / "run", *flags, environ=environ, timeout=300)
   assert out.returncode == 1, out.stderr[-3000:]
   line = out.stderr.strip().splitlines()[-1]

@@ -304,6 +304,7 @@ def test_launch_train_goes_on_past_bad_functions_with_the_good_ones_rewards(tmp_
   (tmp_path / "user_reward.py").write_text(textwrap.dedent(RUN_MODULE))
   environ = tiny_run.env(tmp_path)
   flags = [*tiny_run.RAW_PROMPTS_RUN, "--config.rl.steps=2", "--config.reward.fn_timeout_s=1"]
+  flags.append("--config.reward.preflight=False")  # a toy reward: it pays for length
   bad = "user_reward:works,user_reward:hangs,user_reward:exits,user_reward:tensor"
   out, rows = tiny_run.train(
     tmp_path / "bad", *flags, f"--config.reward.domain={bad}", environ=environ, timeout=600
