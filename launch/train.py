@@ -81,10 +81,11 @@ def _unknown_key(text: str, argv) -> str:
     name = arg.lstrip("-").split("=", 1)[0]
     parts = name.split(".")
     if parts[0] == "config" and key in parts[1:]:
-      path = parts[1 : parts.index(key, 1)]
+      path, written = parts[1 : parts.index(key, 1)], parts[parts.index(key, 1) :]
       break
   else:
-    path = []
+    path, written = [], [key]
+  from rlvr.common import vocabulary
   from rlvr.run import experiment
 
   full = ".".join([*path, key])
@@ -93,6 +94,9 @@ def _unknown_key(text: str, argv) -> str:
     return f"{full}: set {source} instead (one value for the whole run)"
   if experiment.moved_line(full):
     return experiment.moved_line(full)
+  theirs = vocabulary.unknown_field(".".join(path), ".".join(written))  # verl's, TRL's names
+  if theirs:
+    return theirs
   line = f"unknown config field {full}"
   if hint:
     return line + f"; did you mean {'.'.join([*path, hint])}?"

@@ -4,7 +4,8 @@
 default (Optional fields become typed placeholders, so `--config.x.y=...`
 works on them too); base configs build their sections with it and experiment
 configs override single fields. `frozen(cls, section)` turns a section back
-into the validated dataclass at the launch boundary, naming unknown fields.
+into the validated dataclass at the launch boundary, naming unknown fields (one of verl's or
+TRL's names is told rlvr's: `vocabulary`).
 A field whose type is itself a dataclass (`LearnerConfig.lora`) becomes a
 nested section, and is frozen back the same way. A field whose metadata names a
 `DERIVED` source (`RLConfig.seed` is the run's `seed`; `LearnerConfig.total_steps` is
@@ -21,6 +22,8 @@ import typing
 from typing import Any, Mapping
 
 import ml_collections
+
+from rlvr.common import vocabulary
 
 DERIVED = "derived_from"  # field metadata: the config path the launch takes the value from
 
@@ -56,7 +59,7 @@ def section(cls, **overrides) -> ml_collections.ConfigDict:
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(overrides) - names)
   if unknown:
-    raise ValueError(f"{cls.__name__}: unknown config fields {unknown}; known: {sorted(names)}")
+    raise ValueError(unknown_fields(cls.__name__, "", overrides, unknown, names))
   for f in dataclasses.fields(cls):
     if DERIVED in f.metadata:
       continue
@@ -91,10 +94,7 @@ def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict, prefix: str = 
   names = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(d) - names)
   if unknown:
-    raise ValueError(
-      f"{prefix.rstrip('.') or cls.__name__}: unknown config fields {unknown}; "
-      f"known: {sorted(names)}"
-    )
+    raise ValueError(unknown_fields(prefix.rstrip(".") or cls.__name__, prefix, d, unknown, names))
   hints = typing.get_type_hints(cls)
   for f in dataclasses.fields(cls):
     if f.name in d and DERIVED in f.metadata:
@@ -115,3 +115,28 @@ def frozen(cls, d: Mapping[str, Any] | ml_collections.ConfigDict, prefix: str = 
     # "RewardConfig.extraction: ..." names the field by its class: the config path instead
     text = str(e).removeprefix(f"{cls.__name__}.")
     raise ValueError(f"{prefix}{text}") from None
+
+
+def _leaf_paths(key: str, value) -> list[str]:
+  """`key`, or for a nested section set under it the dotted paths of its leaves
+  (optim = {"lr": ...} -> optim.lr)."""
+  if isinstance(value, ml_collections.ConfigDict):
+    value = value.to_dict()
+  if not isinstance(value, Mapping) or not value:
+    return [key]
+  return [f"{key}.{path}" for k, v in value.items() for path in _leaf_paths(str(k), v)]
+
+
+def unknown_fields(where: str, prefix: str, given: Mapping[str, Any], unknown, known) -> str:
+  """The error for fields a section does not have: the one line of `vocabulary` for the first
+  that is verl's or TRL's name for a setting (rl.loop.num_generations -> rl.loop.group_size),
+  else every unknown field and the known ones. `where` names the section in the second form,
+  `prefix` is its place in the config ("rl.loop."; "" when not known)."""
+  for key in unknown:
+    for path in _leaf_paths(key, given[key]):
+      line = vocabulary.unknown_field(
+        prefix.rstrip("."), path, f"{prefix}{path}" if prefix else f"{where}.{path}"
+      )
+      if line:
+        return line
+  return f"{where}: unknown config fields {unknown}; known: {sorted(known)}"

@@ -14,7 +14,9 @@ On a sample of the training rows (`reward.preflight_rows`), in seconds:
   run stops, naming the probe. A boxed wrong number may earn less than the gold (a format
   credit); one that earns as much is an exploit.
 
-`PreflightError` is the one-line stop; `Report` is what summary.json keeps.
+`PreflightError` is the one-line stop; `Report` is what summary.json keeps. Once the
+policy has written its first responses (the evaluation before RL), `before_rl` names why,
+when every one of them scores the same, from what can be measured.
 """
 
 from __future__ import annotations
@@ -180,3 +182,45 @@ def check(verifier, cfg: RewardConfig, examples: Sequence, name: str = "data.tra
         "the reward, or set reward.preflight=False to train anyway"
       )
   return report
+
+
+def before_rl(results: dict[str, dict], max_tokens: int) -> str | None:
+  """When every response of the evaluation before RL scored alike (all wrong, or all
+  right), one line saying why from what was measured and what to try; else None.
+  `results`: per eval set, its `pass@1`, `truncated` and (when measured) `well_formed`
+  shares, as the run's summary keeps them."""
+  rates = {name: r["pass@1"] for name, r in results.items()}
+  if not rates or not (all(v == 0 for v in rates.values()) or all(v == 1 for v in rates.values())):
+    return None
+  shown = ", ".join(f"{name} {100 * v:.1f}%" for name, v in rates.items())
+  if all(v == 1 for v in rates.values()):
+    return (
+      f"reward preflight: before RL every held-out response is right ({shown}): no group "
+      "will have a learning signal; give harder problems"
+    )
+  n = len(results)
+  cut = sum(r.get("truncated", 0.0) for r in results.values()) / n
+  formed = [r["well_formed"] for r in results.values() if "well_formed" in r]
+  parts, tries = [], []
+  if formed:
+    no_answer = 1 - sum(formed) / len(formed)
+    parts.append(f"{100 * no_answer:.0f}% state no final answer in the form the reward reads")
+    parts.append(f"{100 * (1 - no_answer):.0f}% state one that is wrong")
+    if no_answer > 0:
+      tries.append(
+        "a warm start that teaches the answer format (sft.steps on worked solutions), or "
+        "data.instruction / reward.extraction that match what the model writes"
+      )
+  parts.append(f"{100 * cut:.0f}% were cut at eval.sampling.max_tokens={max_tokens}")
+  if cut > 0:
+    tries.append("a longer rl.loop.max_response_len (and eval.sampling.max_tokens)")
+  tries.append(
+    "easier problems, more samples per prompt (rl.loop.group_size) or a higher "
+    "temperature (rl.loop.temperature) so that some groups hold a right answer"
+  )
+  return (
+    f"reward preflight: before RL every held-out response scores 0 ({shown}): "
+    + ", ".join(parts)
+    + "; try "
+    + "; ".join(tries)
+  )

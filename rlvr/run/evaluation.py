@@ -152,7 +152,7 @@ def evaluate_set(
   per_seed = []
   with _written_when_done(samples_path) as samples:
     for seed in cfg.seeds:
-      counts, formed = [], 0
+      counts, formed, cut = [], 0, 0
       chunks = range(0, len(prompts), cfg.batch_prompts)
       if progress:
         from tqdm import tqdm
@@ -176,6 +176,7 @@ def evaluate_set(
           sp,
         )
         counts += [int(g.correct.sum()) for g in groups]
+        cut += sum(c.finish_reason == "length" for g in groups for c in g.completions)
         if well_formed is not None:
           formed += sum(bool(well_formed(c.answer_text)) for g in groups for c in g.completions)
         if samples is not None:
@@ -192,6 +193,7 @@ def evaluate_set(
           },
           f"avg@{cfg.n}": float(counts.mean() / cfg.n),
           "correct_counts": counts.tolist(),
+          "truncated": cut / max(len(counts) * cfg.n, 1),
         }
       )
       if well_formed is not None:
@@ -205,6 +207,7 @@ def evaluate_set(
     "seeds": list(cfg.seeds),
     "pass@k": {k: agg([s["pass@k"][k] for s in per_seed]) for k in ks},
     f"avg@{cfg.n}": agg([s[f"avg@{cfg.n}"] for s in per_seed]),
+    "truncated": agg([s["truncated"] for s in per_seed]),
     "per_seed": per_seed,
   }
 

@@ -207,6 +207,7 @@ def evaluate(
   return {
     name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()}
     | ({"well_formed": r["well_formed"][0]} if "well_formed" in r else {})
+    | {"truncated": r["truncated"][0]}
     for name, r in results.items()
   }
 
@@ -290,6 +291,7 @@ def train(
         try:
           m = rollout.rl_step(policy, method, ctx, step, buffers, samples)
         except learner.NonFiniteError as e:
+          bar.close()  # the error's line below the bar, not in it
           message = nonfinite_message(e, step, steps, mngr)
           raise learner.NonFiniteError(message, e.state) from e
         skipped += m.get("skipped_update", 0)
@@ -429,7 +431,7 @@ def _run(s: experiment.Settings, t_start: float) -> dict:
     if s.reward.preflight:  # the reward proven before anything is trained
       report = preflight.check(verifier, s.reward, r.data.train)
       print(report.line(), flush=True)
-      r.progress["preflight"] = dataclasses.asdict(report)
+      r.progress.setdefault("preflight", {}).update(dataclasses.asdict(report))
     score, eval_score = verifier.score, verifier.for_eval().judge
     start_dir = warm_start(r)
     model_cfg = model_lib.ModelConfig.from_hf(start_dir)
@@ -453,6 +455,10 @@ def _run(s: experiment.Settings, t_start: float) -> dict:
       r.progress["eval_before"] = evaluate(
         r, sampler, eval_score, "before_rl", episodes, verifier.well_formed
       )
+      said = preflight.before_rl(r.progress["eval_before"], s.eval.sampling.max_tokens)
+      if said:  # what the policy writes, before step 1: why it earns no signal
+        print(said, flush=True)
+        r.progress.setdefault("preflight", {})["before_rl"] = said
       r.save_progress()
     else:
       print(f"eval before RL: done before, reusing {r.workdir}/progress.json", flush=True)

@@ -103,6 +103,26 @@ def test_a_reward_that_pays_without_the_answer_stops_naming_the_probe(user, doma
   ), str(e.value)
 
 
+def _eval(pass1, well_formed, truncated):
+  return {"pass@1": pass1, "pass@4": pass1, "well_formed": well_formed, "truncated": truncated}
+
+
+def test_before_rl_names_why_every_response_scores_alike():
+  assert preflight.before_rl({"heldout": _eval(0.25, 0.9, 0.0)}, 64) is None
+  line = preflight.before_rl({"heldout": _eval(0.0, 0.25, 0.5)}, 64)
+  assert line == (
+    "reward preflight: before RL every held-out response scores 0 (heldout 0.0%): 75% state "
+    "no final answer in the form the reward reads, 25% state one that is wrong, 50% were cut "
+    "at eval.sampling.max_tokens=64; try a warm start that teaches the answer format "
+    "(sft.steps on worked solutions), or data.instruction / reward.extraction that match what "
+    "the model writes; a longer rl.loop.max_response_len (and eval.sampling.max_tokens); "
+    "easier problems, more samples per prompt (rl.loop.group_size) or a higher temperature "
+    "(rl.loop.temperature) so that some groups hold a right answer"
+  )
+  line = preflight.before_rl({"a": _eval(1.0, 1.0, 0.0), "b": _eval(1.0, 1.0, 0.0)}, 64)
+  assert line.startswith("reward preflight: before RL every held-out response is right (a ")
+
+
 # ------------------------------------------------------------------ through launch.train
 FLAGS = [
   *(f for f in tiny_run.RAW_PROMPTS_RUN if not f.startswith("--config.data.arithmetic.")),
