@@ -103,6 +103,13 @@ flags.DEFINE_bool(
   "Also write every response, its reward and correctness to WORKDIR/samples_<set>.jsonl.",
 )
 flags.DEFINE_integer("reward_workers", 2, "math-verify processes.")
+flags.DEFINE_bool(
+  "preflight",
+  False,
+  "Only prove the reward (rlvr.rewards.preflight) on the --data sets and, with --run, the "
+  "run's training rows, with the run's reward settings (or --domain, --integer_answers): "
+  "no model is loaded, nothing is sampled.",
+)
 
 
 def main(argv):
@@ -118,7 +125,6 @@ def main(argv):
   from rlvr.data import chat_templates
   from rlvr.data import prompts as prompt_lib
   from rlvr.data import readers as data_lib
-  from rlvr.rewards import RewardConfig
   from rlvr.rewards.verifiers import open_verifier
   from rlvr.rollout import Prompt
   from rlvr.run import evaluation, oom
@@ -129,8 +135,12 @@ def main(argv):
     run_cfg = _run_settings(FLAGS.run)
     from rlvr.data import datasets
 
-    evals = datasets.prepare(run_cfg.data, run_cfg.seed).evals
-    sets = {name: exs[: FLAGS.limit or None] for name, exs in evals.items()}
+    prepared = datasets.prepare(run_cfg.data, run_cfg.seed)
+    sets = {name: exs[: FLAGS.limit or None] for name, exs in prepared.evals.items()}
+    if FLAGS.preflight:
+      sets = {"data.train_path": prepared.train}
+  if FLAGS.preflight:
+    return _preflight(run_cfg, sets)
   model_dir = FLAGS.model or (os.path.join(FLAGS.run, "policy") if FLAGS.run else None)
   if not model_dir:
     raise app.UsageError("give --model=HF_DIR or --run=WORKDIR")
@@ -191,13 +201,7 @@ def main(argv):
     chat_templates.check(chat_template)  # a bad value stops here, before sampling
   except ValueError as e:
     _stop(e)
-  try:  # a reward module that does not import: one line
-    rcfg = settings.frozen(RewardConfig, run_cfg.reward, prefix="reward.") if run_cfg else None
-    rcfg = dataclasses.replace(rcfg or RewardConfig(), integer_answers=FLAGS.integer_answers)
-    if FLAGS.domain:  # checked as the run's reward.domain is
-      dataclasses.replace(rcfg, domain=FLAGS.domain)
-  except ValueError as e:
-    _stop(e)
+  rcfg = _reward_settings(run_cfg)
   default_domain = FLAGS.domain or rcfg.domain
   domains = {name: domains.get(name, default_domain) for name in sets}
   workdir = pick("workdir", os.path.join(FLAGS.run or "", "eval_again"))
@@ -272,6 +276,43 @@ def _one_line():
     yield
   except RewardFunctionError as e:
     _stop(e)
+
+
+def _reward_settings(run_cfg):
+  """The reward settings: the run's, with --integer_answers and --domain when given."""
+  from rlvr.common import settings
+  from rlvr.rewards import RewardConfig
+
+  try:  # a reward module that does not import: one line
+    rcfg = settings.frozen(RewardConfig, run_cfg.reward, prefix="reward.") if run_cfg else None
+    rcfg = dataclasses.replace(rcfg or RewardConfig(), integer_answers=FLAGS.integer_answers)
+    return dataclasses.replace(rcfg, domain=FLAGS.domain) if FLAGS.domain else rcfg
+  except ValueError as e:
+    _stop(e)
+
+
+def _preflight(run_cfg, sets: dict) -> None:
+  """--preflight: the reward's preflight on each set; one line per set, or the one line
+  that says why the reward cannot be trained on."""
+  import os
+
+  from rlvr.data import readers
+  from rlvr.rewards import preflight
+  from rlvr.rewards.verifiers import open_verifier
+
+  for path in FLAGS.data:
+    sets[os.path.basename(path)] = list(readers.read_dataset(path))[: FLAGS.limit or None]
+  if not sets:
+    raise app.UsageError("--preflight: give --run=WORKDIR or --data=FILE")
+  rcfg = _reward_settings(run_cfg)
+  with _one_line(), open_verifier(rcfg, FLAGS.reward_workers) as verifier:
+    for name, exs in sets.items():
+      verifier.check_answers(exs, name)
+      try:
+        report = preflight.check(verifier, rcfg, exs, name)
+      except preflight.PreflightError as e:
+        _stop(e)
+      print(f"{name}: {report.line()}", flush=True)
 
 
 def _run_settings(workdir: str):

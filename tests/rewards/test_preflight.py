@@ -6,11 +6,13 @@ user's functions in the reward workers); the last tests go through launch.train.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 
 import pytest
 import tiny_run
+from paths import REPO
 
 from rlvr.data import readers
 from rlvr.rewards import RewardConfig, preflight
@@ -178,3 +180,24 @@ def test_launch_train_stops_before_step_1_in_one_line(user, tmp_path, case, flag
   assert line.startswith(starts), line
   assert "Traceback" not in out.stderr
   assert not (tmp_path / "run" / "eval_before_rl").exists()  # nothing was sampled
+
+
+def test_launch_evaluate_runs_the_preflight_alone(tmp_path):
+  good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+  good.write_text("".join(json.dumps({"problem": f"{a}?", "answer": a}) + "\n" for a in "123"))
+  bad.write_text(json.dumps({"problem": "x?", "answer": "x+"}) + "\n")
+  argv = tiny_run.argv(
+    tmp_path, "--preflight", "--integer_answers", config=None, module="launch.evaluate"
+  )
+  argv = [a for a in argv if not a.startswith("--workdir")]
+  run = lambda path: subprocess.run(
+    [*argv, f"--data={path}"], cwd=REPO, env=tiny_run.env(), capture_output=True, text=True
+  )
+  out = run(good)
+  assert out.returncode == 0 and out.stdout.startswith(
+    "good.jsonl: reward preflight: 3 of 3 gold answers score (mean 1)"
+  ), out.stderr[-2000:]
+  out = run(bad)
+  assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith(
+    "launch.evaluate: reward.preflight: 1 of 1 gold answers of bad.jsonl do not score"
+  ), out.stderr[-2000:]
