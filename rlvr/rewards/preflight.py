@@ -4,7 +4,8 @@ On a sample of the training rows (`reward.preflight_rows`), in seconds:
 
 - **The gold answers score.** Each row's reference answer is written the way the
   instruction asks for a final answer (`\\boxed{...}` or `Answer: ...`, `reward.extraction`;
-  for code, the row's own solution in a python block where it has one) and scored by the
+  for code, the row's own solution (a worked response with its python block, or a bare
+  program put in one) where it has one) and scored by the
   run's verifier. A row whose gold does not score (reward <= 0: not correct) is named with
   the verifier's reason; past `reward.preflight_max_bad_gold` of the rows the run stops.
 - **Nothing scores for free.** Responses that answer nothing (empty, the problem echoed,
@@ -68,7 +69,7 @@ def gold_response(cfg: RewardConfig, example) -> str | None:
     solution = example.solution or example.columns.get("canonical_solution")
     if not isinstance(solution, str) or not solution.strip():
       return None
-    return f"```python\n{solution}\n```"
+    return solution if "```" in solution else f"```python\n{solution}\n```"  # a worked one
   if cfg.extraction == "answer_line":
     return f"Answer: {example.answer}"
   return f"The answer is \\boxed{{{example.answer}}}."
