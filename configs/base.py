@@ -76,6 +76,9 @@ def get_config() -> ml_collections.ConfigDict:
   # logging.wandb_mode: online | offline | disabled ("" = $WANDB_MODE, else online)
   # logging.wandb_dir: where wandb keeps its files ("" = $WANDB_DIR, else the work dir);
   # the run's id is kept in workdir/wandb_run_id, so a rerun continues the same wandb run
+  # Warnings while it trains (reward without correctness, length, entropy, no signal...):
+  # thresholds and windows, docs/health.md
+  c.health = settings.section(experiment.HealthConfig)
   return c
 
 

@@ -83,6 +83,11 @@ class WandbTracker:
     table = wandb.Table(columns=cols, data=[[cell(r.get(c)) for c in cols] for r in rows])
     self.run.log({tag: table, "step": int(step)})
 
+  def alert(self, title: str, text: str) -> None:
+    """A wandb alert (email / Slack, as the user's wandb settings say) at level WARN; title cut
+    to wandb's 64 characters, alerts of one title at most a second apart."""
+    self.run.alert(title=title[:64], text=text, level="WARN", wait_duration=1)
+
   def close(self) -> None:
     self.run.finish()
 
@@ -194,6 +199,11 @@ class MetricsWriter:
       self._tb.flush()
     if self._wandb is not None:
       self._wandb.log_table(step, tag, rows)
+
+  def alert(self, title: str, text: str) -> None:
+    """An alert where a tracker has them (wandb: `WandbTracker.alert`); nothing otherwise."""
+    if self.enabled and self._wandb is not None:
+      self._wandb.alert(title, text)
 
   def close(self) -> None:
     if not self.enabled:

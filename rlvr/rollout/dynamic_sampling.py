@@ -74,7 +74,7 @@ def gather_groups(ctx: StepContext, draw: Callable[[int], list[Prompt]], step: i
 def rollout_metrics(
   sampled: Sequence[Group], kept: Sequence[Group], rounds: int, cfg: RLConfig
 ) -> dict[str, float]:
-  """Accuracy, solve rates, lengths and batch fill of one step's rollouts."""
+  """Accuracy, solve rates, lengths, repetition and batch fill of one step's rollouts."""
   correct = np.stack([g.correct for g in sampled])
   lengths = np.array([len(c.token_ids) for g in sampled for c in g.completions])
   trunc = np.array([c.finish_reason == "length" for g in sampled for c in g.completions])
@@ -85,6 +85,9 @@ def rollout_metrics(
       "response_len_mean": float(lengths.mean()),
       "response_len_max": int(lengths.max()),
       "truncated_frac": float(trunc.mean()),
+      "repeated_3gram_frac": float(
+        np.mean([_repetition(c) for g in sampled for c in g.completions])
+      ),
       "groups_kept": len(kept),
       "batch_fill": len(kept) / cfg.prompts_per_step,
       "prompts_sampled": len(sampled),
@@ -93,3 +96,10 @@ def rollout_metrics(
   )
   out.update(episode_metrics([c for g in sampled for c in g.completions]))
   return out
+
+
+def _repetition(c) -> float:
+  """`stats.repeated_3gram_frac` of the tokens the policy wrote (an episode's observations
+  left out)."""
+  ids = c.token_ids if c.loss_mask is None else [t for t, m in zip(c.token_ids, c.loss_mask) if m]
+  return stats.repeated_3gram_frac(ids)

@@ -1,4 +1,5 @@
-"""What a batch of graded samples says: unbiased pass@k and a group's solve rates."""
+"""What a batch of graded samples says: unbiased pass@k, a group's solve rates, how much a
+response repeats itself."""
 
 from __future__ import annotations
 
@@ -34,3 +35,14 @@ def group_stats(correct_gn: np.ndarray) -> dict[str, float]:
     "solve_all": float((acc == 1).mean()),
     "solve_none": float((acc == 0).mean()),
   }
+
+
+def repeated_3gram_frac(token_ids) -> float:
+  """The share of a sequence's token 3-grams that occur earlier in it: 0 for text that never
+  repeats three tokens, near 1 for a response stuck in a loop; 0 under 4 tokens. Each 3-gram
+  is one int64 (21 bits a token id), so the count is exact for vocabularies under 2**21."""
+  ids = np.asarray(token_ids, np.int64)
+  if len(ids) < 4:
+    return 0.0
+  keys = (ids[:-2] << 42) | (ids[1:-1] << 21) | ids[2:]
+  return 1.0 - len(np.unique(keys)) / len(keys)

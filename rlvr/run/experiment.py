@@ -3,10 +3,11 @@
 The library's own dataclasses (`learner.LearnerConfig`, `rollout.RLConfig`,
 `datasets.DataConfig`, `sampling.config.SamplerConfig`, ...) hold their sections'
 defaults; this module holds the sections that belong to a run as a whole (model,
-SFT, evaluation, checkpoints, logging). `check(cfg)` freezes every section, so each field's
-range is checked by its dataclass, then checks the rules that span sections; it runs
-before anything is built or trained, and each error is one line naming the fields. What it
-returns, `Settings`, is all of the run that travels past launch: no ConfigDict does.
+SFT, evaluation, checkpoints, logging, health warnings). `check(cfg)` freezes every
+section, so each field's range is checked by its dataclass, then checks the rules that span
+sections; it runs before anything is built or trained, and each error is one line naming the
+fields. What it returns, `Settings`, is all of the run that travels past launch: no
+ConfigDict does.
 """
 
 from __future__ import annotations
@@ -109,6 +110,55 @@ class LoggingConfig:
       )
 
 
+@dataclasses.dataclass(frozen=True)
+class HealthConfig:
+  """When the run's health warnings fire (`rlvr.report.health.Monitor`; docs/health.md).
+
+  A trend compares the mean of the last `window` steps with the mean of the run's first
+  `window` steps; a spike compares one step with the median of the `window` steps before it;
+  a streak counts steps in a row. So no trend fires before 2 x window steps, no spike before
+  window + 1 and no streak before `streak`."""
+
+  enabled: bool = True  # watch every RL step's metrics; False = no warnings
+  window: int = 10  # steps in the first (baseline) and the trailing means
+  reward_rise: float = 0.1  # reward_mean up by this much (reward units) ...
+  correct_rise: float = 0.02  # ... while correctness rises less: reward_without_correctness
+  length_ratio: float = 2.0  # response_len_mean x this: length_explodes; / this: length_collapses
+  truncated_rise: float = 0.2  # truncated_frac up by this much: truncation_climbs
+  entropy_ratio: float = 0.3  # entropy down to this share of its start: entropy_collapses
+  repetition_rise: float = 0.15  # repeated_3gram_frac up by this much: repetition_rises
+  spike_factor: float = 5.0  # a step's KL (ratio_max - 1) over this x the median before it
+  kl_floor: float = 0.01  # ... and at least this: kl_spike
+  ratio_floor: float = 2.0  # ... and ratio_max at least this: ratio_spike
+  streak: int = 10  # steps in a row for all_wrong and no_signal
+  all_wrong_share: float = 0.75  # solve_none at least this each step: all_wrong
+  no_signal_share: float = 0.9  # groups all right or all wrong at least this, or the update
+  # skipped, each step: no_signal
+  format_rise: float = 0.2  # the well-formed share up by this much while correctness rises
+  # less than correct_rise: format_only
+
+  def __post_init__(self):
+    if self.window < 1 or self.streak < 1:
+      raise ValueError(f"window / streak: must be >= 1, got {self.window} / {self.streak}")
+    if not (self.length_ratio > 1 and self.spike_factor > 1 and self.ratio_floor > 1):
+      raise ValueError(
+        f"length_ratio / spike_factor / ratio_floor: must be > 1, got {self.length_ratio} / "
+        f"{self.spike_factor} / {self.ratio_floor}"
+      )
+    shares = {
+      "entropy_ratio": self.entropy_ratio,
+      "all_wrong_share": self.all_wrong_share,
+      "no_signal_share": self.no_signal_share,
+    }
+    for name, v in shares.items():
+      if not 0 < v <= 1:
+        raise ValueError(f"{name}: must be in (0, 1], got {v}")
+    rises = ("reward_rise", "correct_rise", "truncated_rise", "repetition_rise", "kl_floor")
+    for name in (*rises, "format_rise"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+
+
 # Section name -> its dataclass; `check` freezes each one under its full name.
 SECTIONS = {
   "model": ModelSource,
@@ -123,6 +173,7 @@ SECTIONS = {
   "checkpoint": CheckpointConfig,
   "logging": LoggingConfig,
   "env": envs.EnvConfig,
+  "health": HealthConfig,
 }
 
 
@@ -154,6 +205,7 @@ class Settings:
   checkpoint: CheckpointConfig
   logging: LoggingConfig
   env: envs.EnvConfig
+  health: HealthConfig
 
 
 def _section(cfg, dotted: str):

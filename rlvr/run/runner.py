@@ -24,10 +24,10 @@ from rlvr import model as model_lib
 from rlvr.data import tokens
 from rlvr.model import lora as lora_lib
 from rlvr.parallel import distributed
+from rlvr.report import health, plots, samples_log
 from rlvr.report import metrics as metrics_lib
-from rlvr.report import plots, samples_log
 from rlvr.rewards import preflight
-from rlvr.rewards.verifiers import open_verifier
+from rlvr.rewards.verifiers import VERIFIERS, open_verifier
 from rlvr.rollout import buffer_file
 from rlvr.run import checkpoint, evaluation, experiment, interrupt, sft
 from rlvr.run import workdir as workdir_lib
@@ -256,6 +256,9 @@ def train(
     logging=run.settings.logging,
     config=s.written,
   )
+  monitor = health_monitor(s)
+  if distributed.is_writer():  # a resumed run's earlier steps: no episode of trouble warns twice
+    health.replay(monitor, metrics_lib.read_jsonl(writer.path))
   samples = samples_log.SamplesLog(  # rl.log_samples_every: workdir/samples/step_<k>.jsonl
     run.workdir,
     s.rl_log_samples_every,
@@ -299,6 +302,8 @@ def train(
         if s.eval.every and (step + 1) % s.eval.every == 0:
           for name, scores in evaluate(run, ctx.sampler, eval_score, None, ctx.episodes).items():
             m.update({f"{name}_{k}": v for k, v in scores.items()})
+        if distributed.is_writer():  # a line, a metric and an alert per episode of trouble
+          m.update(health.announce(monitor.observe(step, m), writer.alert))
         writer.write(step, m)
         post = {
           "acc": f"{m.get('accuracy', float('nan')):.2f}",
@@ -323,6 +328,13 @@ def train(
   writer.close()
   if start < steps and skipped == steps - start:
     raise rollout.NoSignalError(no_update_message(solved, run.workdir))
+
+
+def health_monitor(s: experiment.Settings) -> health.Monitor:
+  """The run's health warnings (the `health` section, docs/health.md); reward against
+  correctness where the reward is more than the verifier's verdict (shaping, a custom one)."""
+  custom = s.shaping.active or s.reward.domain not in VERIFIERS
+  return health.Monitor(s.health, custom_reward=custom, format_bonus=s.shaping.format_bonus)
 
 
 def nonfinite_message(error: Exception, step: int, steps: int, mngr) -> str:
@@ -389,6 +401,7 @@ def write_summary(run: Run, method, seconds: float) -> dict:
     "time_s_this_invocation": round(seconds, 1),
     "method": method.name,
     "preflight": run.progress.get("preflight"),
+    "health": [w.as_dict() for w in health.replay(health_monitor(run.settings), rows)],
     "model_dir": run.model_dir,
     "workdir": run.workdir,
     **method.summary(rows),
