@@ -51,6 +51,7 @@ AIME = "data/math_aime_eval.jsonl"  # relative: the commands run from the repo r
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
 
 RUN_HERE = {
+  "python -m launch.train --config=configs/base.py --config.model.path=": "test_grpo_on_your_model_your_data_your_reward",
   "python -m launch.train --config=configs/tiny.py --print_config": "test_print_config_prints_the_resolved_config",
   "python -m launch.make_tiny ": "test_make_tiny_writes_a_model",
   "python -m launch.sft ": "test_sft_on_pairs_writes_a_model",
@@ -101,6 +102,11 @@ COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the 
     "tests/model/test_gguf.py::test_one_svs_step_of_the_real_job",
     ('config="configs/smollm2_arith_svs.py"',),
   ),
+  # the reward's preflight alone, no model: on a file whose gold answers score and on one whose don't
+  "python -m launch.evaluate --preflight --data=": (
+    "tests/rewards/test_preflight.py::test_launch_evaluate_runs_the_preflight_alone",
+    ('"--preflight"', 'module="launch.evaluate"', 'f"--data={path}"'),
+  ),
   "python -m launch.qbq_diversity --run=": (
     "tests/methods/test_qbq_loop.py::test_two_rounds_end_to_end_resume_after_a_kill_between_stages",
     ('"launch.qbq_diversity", f"--run={full}"',),
@@ -118,9 +124,10 @@ CLUSTER_ONLY = ("srun", "gcloud")  # SLURM GPU nodes, a TPU pod slice
 
 
 # ------------------------------------------------------------------ reading the README
-def _readme():
-  with open(README) as f:
-    return f.read()
+def _python_blocks(page: str) -> list[str]:
+  """The ```python blocks of a page (README.md, docs/*.md) as printed."""
+  with open(os.path.join(REPO, page)) as f:
+    return re.findall(r"^```python\n(.*?)^```", f.read(), re.S | re.M)
 
 
 def readme_commands(text: str | None = None) -> list[str]:
@@ -468,14 +475,17 @@ def _small_run(*flags):
   ]
 
 
-def _run_readme_module(command_prefix: str, module: str, tmp_path):
-  """The README's `# <module>.py` block saved as printed, on PYTHONPATH, and the README
-  command that names it run for one RL step; returns the run's work dir."""
+def _save_module(page: str, module: str, where) -> None:
+  """The page's `# <module>.py` block saved as printed into the folder `where`."""
+  [block] = [b for b in _python_blocks(page) if b.startswith(f"# {module}.py")]
+  (where / f"{module}.py").write_text(block)
+
+
+def _run_readme_module(command_prefix: str, module: str, page: str, tmp_path):
+  """The page's `# <module>.py` block saved as printed, on PYTHONPATH, and the command that
+  names it run for one RL step; returns the run's work dir."""
   [command] = readme(command_prefix)
-  [block] = [
-    b for b in re.findall(r"```python\n(.*?)```", _readme(), re.S) if b.startswith(f"# {module}.py")
-  ]
-  (tmp_path / f"{module}.py").write_text(block)
+  _save_module(page, module, tmp_path)
   workdir = tmp_path / "run"
   env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
   run(argv(command, extra=[f"--workdir={workdir}", *_small_run("--config.rl.steps=1")]), env=env)
@@ -483,11 +493,63 @@ def _run_readme_module(command_prefix: str, module: str, tmp_path):
 
 
 @pytest.mark.slow
+def test_grpo_on_your_model_your_data_your_reward(tiny_dirs, tmp_path):
+  """The README's first example as printed: its my_reward.py (verl's form) on PYTHONPATH, a
+  tiny HF model for the hub id, a parquet training file and a JSONL eval file with the columns
+  the command names; its group size, learning rate and KL as given, one RL step of 2 prompts
+  with short responses. The reward preflight passes on those rows before step 1."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  [command] = readme("python -m launch.train --config=configs/base.py --config.model.path=")
+  _save_module("README.md", "my_reward", tmp_path)
+  # the problems' own numbers are not their answers
+  rows = [
+    {
+      "question": f"What is the sum of the first {n} positive integers?",
+      "final_answer": str(n * (n + 1) // 2),
+    }
+    for n in range(2, 10)
+  ]
+  pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+  (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+  subs = {
+    "--config.model.path=Qwen/Qwen2.5-0.5B-Instruct": f"--config.model.path={tiny_dirs['qwen3']}",
+    "--config.data.train_path=train.parquet": f"--config.data.train_path={tmp_path / 'train.parquet'}",
+    "--config.data.eval_paths=test.jsonl": f"--config.data.eval_paths={tmp_path / 'test.jsonl'}",
+  }
+  workdir = tmp_path / "run"
+  flags = [
+    f"--workdir={workdir}",
+    "--config.rl.steps=1",
+    "--config.rl.loop.prompts_per_step=2",
+    "--config.rl.loop.max_response_len=8",
+    "--config.rl.loop.dynamic_sampling=False",
+    "--config.eval.sampling.max_tokens=8",  # 8 samples a problem: the rollouts' programs
+    "--config.data.chat_template=none",  # the tiny tokenizer has no chat template
+    "--config.export_hf=False",
+    "--config.reward_workers=1",
+  ]
+  env = dict(ENV, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+  run(argv(command, subs, flags), env=env, timeout=300)
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert (summary["method"], summary["steps"]) == ("rlvr", 1), summary
+  assert sorted(summary["eval_after_rl"]) == ["test"], summary["eval_after_rl"]
+  [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert row["verdict_scored"] == 2 * 8, row  # rl.loop.group_size=8 as printed
+  assert "kl" in row, sorted(row)  # logged only with rl.learner.kl_beta > 0
+  preflight = summary["preflight"]  # every row's gold answer scored, no probe did
+  assert preflight["rows"] == preflight["gold_scored"] == 8, preflight
+  assert not any(p["as_much_as_gold"] for p in preflight["probes"].values()), preflight
+
+
+@pytest.mark.slow
 def test_train_with_the_readme_method_from_outside_the_library(tmp_path):
-  """The README's my_methods.py block, saved as printed and put on PYTHONPATH."""
+  """docs/methods.md's my_methods.py block, saved as printed and put on PYTHONPATH."""
   workdir = _run_readme_module(
     "python -m launch.train --config=configs/tiny_rlvr.py --config.method=my_methods:make",
     "my_methods",
+    "docs/methods.md",
     tmp_path,
   )
   summary = json.loads((workdir / "summary.json").read_text())
@@ -498,11 +560,12 @@ def test_train_with_the_readme_method_from_outside_the_library(tmp_path):
 
 @pytest.mark.slow
 def test_train_with_the_readme_reward_from_outside_the_library(tmp_path):
-  """The README's my_reward.py block, saved as printed and put on PYTHONPATH: every step
+  """docs/rewards.md's my_reward.py block, saved as printed and put on PYTHONPATH: every step
   and evaluation is scored by it (its rewards are 1, -0.1 or 0, each a verdict `scored`)."""
   workdir = _run_readme_module(
     "python -m launch.train --config=configs/tiny_rlvr.py --config.reward.domain=my_reward:score",
     "my_reward",
+    "docs/rewards.md",
     tmp_path,
   )
   [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -526,11 +589,12 @@ def test_train_with_the_readme_reward_from_outside_the_library(tmp_path):
 
 @pytest.mark.slow
 def test_train_with_the_readme_environment_from_outside_the_library(tmp_path):
-  """The README's my_env.py block, saved as printed and put on PYTHONPATH: every rollout and
+  """docs/envs.md's my_env.py block, saved as printed and put on PYTHONPATH: every rollout and
   evaluation runs in it (an untrained policy never closes a call: one turn each)."""
   workdir = _run_readme_module(
     "python -m launch.train --config=configs/tiny_rlvr.py --config.env.name=my_env:make",
     "my_env",
+    "docs/envs.md",
     tmp_path,
   )
   [row] = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -555,7 +619,7 @@ def test_tiny_tool_calls_the_python_tool(tmp_path):
   then one GRPO step whose episodes run blocks in the sandbox."""
   commands = readme("python -m launch.train --config=configs/tiny_tool.py")
   [command] = [c for c in commands if "init_from" not in c]
-  [again] = {c for c in commands if "init_from" in c}  # README and docs/launch.md
+  [again] = {c for c in commands if "init_from" in c}  # docs/launch.md
   workdir = tmp_path / "run"
   flags = [
     "--config.sft.steps=150",
