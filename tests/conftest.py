@@ -25,12 +25,19 @@ import jax  # noqa: E402
 # 8 fake CPU devices for sharding tests; single-device code runs on device 0.
 jax.config.update("jax_num_cpu_devices", 8)
 
-# The session's subprocesses (launch.* runs) share one persistent XLA compilation cache:
-# a rerun that resumes, or a second run of the same configuration, loads the programs
-# the first run compiled. Set after `import jax`: this process's JAX does not use it.
+# One persistent XLA compilation cache per pytest run, in a folder that run owns: this
+# process, the other xdist worker and every subprocess the tests start (launch.* runs)
+# load a program any of them compiled instead of compiling it again (a new Learner's step
+# is a new function to JAX's in-memory cache but the same program to this one). Every
+# program is cached, however quick its compile. No test relies on it: a test that compares
+# two runs still runs both. The first process to load this file (xdist's controller) makes
+# the folder; the workers and subprocesses inherit it.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlvr-tests-xla-cache-")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 # ---------------------------------------------------------------------------
 # Memory: one pytest process runs every module, so what a module compiled or allocated
