@@ -192,7 +192,7 @@ def test_a_fork_neither_duplicates_the_trainer_nor_outlives_the_pool(hostile):
   while time.monotonic() < deadline and _alive(pid):
     time.sleep(0.1)
   assert not _alive(pid), "a process a reward function forked outlived the pool"
-  assert _children() - before <= _forkserver(), _children() - before
+  assert _children() - before <= _multiprocessing_helpers(), _children() - before
 
 
 def _alive(pid: int) -> bool:
@@ -203,11 +203,16 @@ def _alive(pid: int) -> bool:
   return state != "Z"
 
 
-def _forkserver() -> set[int]:
-  from multiprocessing import forkserver
+def _multiprocessing_helpers() -> set[int]:
+  """This process's forkserver and resource tracker, which the first pool starts and which
+  outlive it (multiprocessing's own, one each per process)."""
+  from multiprocessing import forkserver, resource_tracker
 
-  pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-  return {pid} if pid else set()
+  pids = (
+    getattr(forkserver._forkserver, "_forkserver_pid", None),
+    getattr(resource_tracker._resource_tracker, "_pid", None),
+  )
+  return {pid for pid in pids if pid}
 
 
 def test_each_call_gets_its_own_copies_of_its_arguments(hostile, tmp_path):
