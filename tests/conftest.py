@@ -16,9 +16,14 @@ import sys
 import tempfile
 
 import pytest
+import tiny_run
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Quick compiles (tiny_run.QUICK_COMPILE) for this process and the runs it starts, unless
+# the caller's XLA_FLAGS already say.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {tiny_run.QUICK_COMPILE}".strip()
 
 import jax  # noqa: E402
 

@@ -67,8 +67,9 @@ RUN_HERE = {
   "python -m launch.train --config=configs/tiny_rlvr_lora.py": "test_tiny_rlvr_lora_trains_adapters_and_exports_them",
 }
 # The README's main command and `evaluate --run` (docs/launch.md): the embedded default end to
-# end (SFT, eval, SvS steps, eval) takes minutes even scaled down, and that test already runs it.
-_EMBEDDED = "tests/e2e/test_embedded_default.py::test_embedded_default_runs_end_to_end"
+# end (SFT, eval, SvS steps, eval) takes minutes even scaled down, and the fresh-clone test
+# already runs it, from the README's own text.
+_EMBEDDED = "tests/e2e/test_fresh_clone.py::test_readme_setup_and_main_command_in_a_fresh_clone"
 _SMOLLM2 = (
   "tests/model/test_gguf.py::test_one_rl_step_of_the_real_job_through_a_vllm_server",
   ('config="configs/smollm2_arith.py"',),
@@ -76,11 +77,11 @@ _SMOLLM2 = (
 COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the command)
   "python -m launch.train --config=configs/tiny.py [--workdir=DIR] [--config.rl.steps=N]": (
     _EMBEDDED,
-    ("tiny_run.train( workdir,", 'config="configs/tiny.py"', '"--config.rl.steps=3"'),
+    ('cmd = [*main.split(), f"--workdir={workdir}", *SCALE_DOWN]', '"--config.rl.steps=3"'),
   ),
   ".venv/bin/python -m launch.train --config=configs/tiny.py": (
     _EMBEDDED,
-    ("tiny_run.train(", 'config="configs/tiny.py"'),
+    ('main = next(c for c in commands if c.startswith(".venv/bin/python -m launch.train"))',),
   ),
   "python -m launch.evaluate --run=": (_EMBEDDED, ('"launch.evaluate", f"--run={workdir}"',)),
   # needs a finished QbQ run (an SFT'd policy, two rounds); that run skips the HF export,

@@ -140,7 +140,13 @@ def test_one_rl_step_of_the_real_job_through_a_vllm_server(smollm2, tmp_path):
   _, _, cache = smollm2
   out = tmp_path / "run"
   flags = [*_real_job_scaled_down(cache), "--config.rl.log_samples_every=1"]
-  done = tiny_run.launch(out, *flags, config="configs/smollm2_arith.py", timeout=None)
+  done = tiny_run.launch(
+    out,
+    *flags,
+    config="configs/smollm2_arith.py",
+    environ=tiny_run.env(optimized=True),
+    timeout=None,
+  )
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
   assert "sampler: vLLM up at http://127.0.0.1:" in done.stdout
   [row] = [r for r in tiny_run.rows(out / "metrics.jsonl", timing=True) if "time_update" in r]
@@ -451,7 +457,13 @@ def test_one_svs_step_of_the_real_job(smollm2, tmp_path):
     "--config.sampler.kind=jax",
     "--config.sampler.local_servers=0",
   ]
-  done = tiny_run.launch(out, *flags, config="configs/smollm2_arith_svs.py", timeout=None)
+  done = tiny_run.launch(
+    out,
+    *flags,
+    config="configs/smollm2_arith_svs.py",
+    environ=tiny_run.env(optimized=True),  # a real model: compiled as a user's run is
+    timeout=None,
+  )
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
   [row] = tiny_run.rows(out / "metrics.jsonl")
   assert row["step"] == 0 and row["svs_syntheses"] >= 0
