@@ -43,10 +43,10 @@ def test_scan_returns_the_sum_plus_the_gradient():
   assert float(fused(params, x0)) == float(plain(params, x0))
   (g_p, g_x), (f_p, f_x) = (jax.grad(f, argnums=(0, 1))(params, x0) for f in (plain, fused))
   np.testing.assert_allclose(np.asarray(f_x), np.asarray(g_x), rtol=1e-6, atol=1e-7)
-  for k in params:
+  for k in params:  # the backward adds acc in before the layers' terms are summed: f32 order
     assert float(jnp.abs(g_p[k]).max()) > 1e-2
     np.testing.assert_allclose(
-      np.asarray(f_p[k]), np.asarray(acc[k] + g_p[k]), rtol=1e-6, atol=1e-6, err_msg=k
+      np.asarray(f_p[k]), np.asarray(acc[k] + g_p[k]), rtol=1e-5, atol=1e-6, err_msg=k
     )
 
 
