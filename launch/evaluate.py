@@ -128,7 +128,6 @@ def main(argv):
   from rlvr.rewards.verifiers import open_verifier
   from rlvr.rollout import Prompt
   from rlvr.run import evaluation, oom
-  from rlvr.sampling import JaxSampler
 
   sets, domains, run_cfg = {}, {}, None
   if FLAGS.run:
@@ -155,21 +154,24 @@ def main(argv):
   )
   cfg, params = model.load_hf(model_dir)
   tok = AutoTokenizer.from_pretrained(model_dir)
-  if FLAGS.vllm_urls:
-    from rlvr.sampling.vllm_sampler import VLLMSampler
+  # The sampler a run builds (`sampling.build`): with --run, its client settings (model
+  # name, key, timeout, retries); the servers at --vllm_urls sample the weights they serve.
+  import dataclasses
 
-    # With --run, the run's client settings: model name, key, timeout and retries.
-    client = dict(run_cfg.sampler) if run_cfg else {}
-    sampler = VLLMSampler(
-      FLAGS.vllm_urls,
-      model_config=cfg,
-      eos_token_id=tok.eos_token_id,
-      model_name=pick("vllm_model", client.get("model", FLAGS.vllm_model)),
-      api_key=client.get("api_key") or None,  # default: $VLLM_API_KEY
-      **{k: client[k] for k in ("request_timeout_s", "retries", "backoff_s") if k in client},
-    )
-  else:
-    sampler = JaxSampler(cfg, params, tok)
+  from rlvr.sampling import build
+  from rlvr.sampling.config import SamplerConfig
+
+  names = {f.name for f in dataclasses.fields(SamplerConfig)}
+  given = {k: v for k, v in dict(run_cfg.sampler).items() if k in names} if run_cfg else {}
+  client = dataclasses.replace(SamplerConfig(), **given)
+  client = dataclasses.replace(
+    client,
+    kind="vllm" if FLAGS.vllm_urls else "jax",
+    urls=tuple(FLAGS.vllm_urls or ()),
+    model=pick("vllm_model", given.get("model", FLAGS.vllm_model)),
+    local_servers=0,
+  )
+  sampler = build.make_sampler(client, cfg, params, tok, push=False)
   for path in FLAGS.data:
     if path == "humaneval":
       from rlvr.data import datasets

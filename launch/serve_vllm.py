@@ -5,7 +5,7 @@ r"""Starts a vLLM server for a model directory with the flags the rlvr client ne
   python -m launch.serve_vllm --model=<HF dir> --config=<the run's config> [--config.x=...]
 
 With --config, the options the run's settings decide come from them, as a run's own servers
-take them (`runner.server_options`): the model name (sampler.model), max_model_len (the
+take them (`trainer.server_options`): the model name (sampler.model), max_model_len (the
 longest prompt + response, evaluation or episode), the weight-transfer backend
 (sampler.weight_sync / transfer_backend) and the LoRA rank (rl.learner.lora.rank when
 sampler.lora_adapters); passing one of those flags as well is an error.
@@ -101,13 +101,13 @@ def max_model_len(model_dir: str) -> int:
 
 def options_from_config(given: dict):
   """The server options of --config's settings (one line for a flag given beside it)."""
-  from rlvr.run import experiment, runner
+  from rlvr.run import experiment, trainer
 
   for name, source in FROM_CONFIG.items():
     if FLAGS[name].present:
       raise app.UsageError(f"--{name}: --config decides it ({source}); drop --{name}")
   n = positions(FLAGS.model) or FLAGS.max_model_len
-  return runner.server_options(experiment.check(FLAGS.config), n, **given)
+  return trainer.server_options(experiment.check(FLAGS.config), n, **given)
 
 
 def main(argv):

@@ -9,7 +9,7 @@ from rlvr.envs.base import Environment, Episode, SingleTurn
 from rlvr.envs.config import TOOL_LIMITS, EnvConfig
 from rlvr.envs.episode_metrics import episode_metrics, episode_record
 from rlvr.envs.episodes import Episodes, cut_at_stop, episodes_for, solve
-from rlvr.envs.registry import ENVIRONMENTS, make
+from rlvr.envs.registry import ENVIRONMENTS, for_run, make
 
 __all__ = [
   "ENVIRONMENTS",
@@ -23,6 +23,7 @@ __all__ = [
   "episode_metrics",
   "episode_record",
   "episodes_for",
+  "for_run",
   "make",
   "solve",
 ]

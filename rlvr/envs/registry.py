@@ -1,12 +1,16 @@
-"""The environments `env.name` picks from, and `make`."""
+"""The environments `env.name` picks from, `make`, and `for_run`: a run's episodes."""
 
 from __future__ import annotations
 
+import json
 from typing import Callable
+
+import jax
 
 from rlvr.common import named
 from rlvr.envs.base import Environment, SingleTurn
 from rlvr.envs.config import EnvConfig
+from rlvr.envs.episodes import Episodes, episodes_for
 from rlvr.envs.python_tool import PythonTool
 
 ENVIRONMENTS: dict[str, Callable[[EnvConfig], Environment]] = {
@@ -33,3 +37,15 @@ def make(cfg: EnvConfig) -> Environment:
       "(needs a `stop` tuple of strings and an `observe(episode, turn)` method)"
     )
   return env
+
+
+def for_run(cfg: EnvConfig, tokenizer) -> Episodes:
+  """A run's episodes in the environment `cfg` names, over its tokenizer; over several
+  processes, every process takes process 0's observations (one allgather per turn)."""
+  agree = None
+  if jax.process_count() > 1:
+    from rlvr.sampling.split import HostChannel
+
+    channel = HostChannel()
+    agree = lambda rows: json.loads(channel.allgather(json.dumps(rows).encode())[0])
+  return episodes_for(cfg, make(cfg), tokenizer, agree)

@@ -73,7 +73,7 @@ class Learner:
     advantages = packing.group_advantages(groups, cfg)
     rng = ppo.shuffle_rng(self.seed, step)
     chunks = ppo.mini_batches(list(zip(groups, advantages)), cfg, rng)
-    one = len(chunks) == 1 and cfg.ppo_epochs == 1
+    one = ppo.one_update(len(chunks), cfg)
     batches = [
       self.to_batch(
         packing.build_batch(

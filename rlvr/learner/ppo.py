@@ -99,6 +99,12 @@ def shuffle_rng(seed: int, step: int) -> np.random.Generator:
   return np.random.default_rng((seed, step, 17))
 
 
+def one_update(batches: int, cfg) -> bool:
+  """Whether `batches` mini-batches under `cfg` make exactly one optimizer step (one batch,
+  one epoch): the current policy is then the old one (ratio 1)."""
+  return batches == 1 and cfg.ppo_epochs == 1
+
+
 def update_on_batches(
   state, update_fn, logp_fn, batches: Sequence, cfg, rng: np.random.Generator
 ) -> tuple[Any, dict[str, float]]:
@@ -110,7 +116,7 @@ def update_on_batches(
   An optimizer step whose loss or gradient norm was not finite was not applied (the steps
   after it were): raises `nonfinite.NonFiniteError` naming the first, with the state.
   """
-  if len(batches) == 1 and cfg.ppo_epochs == 1:
+  if one_update(len(batches), cfg):
     state, m = update_fn(state, batches[0])
     steps, kl = [m], None
   elif logp_fn is None:

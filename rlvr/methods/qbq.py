@@ -141,7 +141,7 @@ class QbQ(Method):
     """Solve counts n of k scoring samples; prompts over max_prompt_len get n = None."""
     c = self.cfg
     prompts = [ctx.prompt(v.problem, v.answer, f"qbq-r{t}") for v in items]
-    fits = [len(p.ids) <= ctx.rl.max_prompt_len for p in prompts]
+    fits = ctx.fit_mask(prompts)
     sp = SamplingParams(
       n=c.k,
       temperature=c.score_temperature,

@@ -182,10 +182,14 @@ class StepContext:
       return as_f32, np.where(bad, False, np.asarray(correct, bool))
     return out
 
+  def fit_mask(self, prompts: Sequence[Prompt]) -> list[bool]:
+    """Which prompts are of at most rl.max_prompt_len tokens (never cut: the learner must see
+    the prompt the sampler saw)."""
+    return [len(p.ids) <= self.rl.max_prompt_len for p in prompts]
+
   def fits(self, prompts: Sequence[Prompt]) -> list[Prompt]:
-    """The prompts of at most rl.max_prompt_len tokens; the rest are counted and dropped
-    (never cut: the learner must see the prompt the sampler saw)."""
-    kept = [p for p in prompts if len(p.ids) <= self.rl.max_prompt_len]
+    """The prompts that fit (`fit_mask`); the rest are counted and dropped."""
+    kept = [p for p, ok in zip(prompts, self.fit_mask(prompts)) if ok]
     self.stats.prompts_too_long += len(prompts) - len(kept)
     return kept
 

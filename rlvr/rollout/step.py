@@ -11,7 +11,7 @@
 of the step (`max_staleness` 0, strict alternation), or one step ahead, from the weights
 the sampler holds while the previous update runs (`max_staleness` 1, one-step
 off-policy), in a worker thread when the sampler runs apart from the learner. The run
-(`rlvr.run.runner.train`) adds the rest of a step: evaluation, the metrics row, exports
+(`rlvr.run.trainer.Trainer.train`) adds the rest of a step: evaluation, the metrics row, exports
 and checkpoints.
 """
 

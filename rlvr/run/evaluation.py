@@ -14,6 +14,7 @@ import numpy as np
 
 from rlvr import envs
 from rlvr.common import fileio
+from rlvr.parallel import distributed
 from rlvr.rollout import Group, Prompt, sample_and_score, stats
 from rlvr.sampling.types import Sampler, SamplingParams
 
@@ -243,6 +244,18 @@ def _seeds_note(results: dict[str, dict]) -> str:
   )
 
 
+def result_line(title: str, name: str, r: dict) -> str:
+  """One eval set's line (`evaluate_set`'s result): pass@1, pass@k at the largest k, the
+  well-formed share, the problems and those skipped as too long."""
+  k = max(r["pass@k"], key=int)
+  skipped = f", {r['skipped_too_long']} too long skipped" if r["skipped_too_long"] else ""
+  formed = f", {100 * r['well_formed'][0]:.1f}% well-formed" if "well_formed" in r else ""
+  return (
+    f"{title}: {name} pass@1 {100 * r['pass@k'][1][0]:.1f}% "
+    f"(pass@{k} {100 * r['pass@k'][k][0]:.1f}%){formed}, {r['problems']} problems{skipped}"
+  )
+
+
 def write_report(results: dict[str, dict], outdir: str, title: str = "evaluation") -> dict:
   """Markdown table, CSV, JSON and a pass@k curve PNG for {set name: evaluate_set result}.
 
@@ -324,3 +337,36 @@ def plot_comparison(reports: dict[str, dict], path: str, title: str = "pass@k") 
   a margin (within [0, 1]); error bars clipped to [0, 1]."""
   comparison_figure(reports, title).savefig(path, dpi=110)
   return path
+
+
+def evaluate_run(run, sampler, verifier, tag: str | None = None, episodes=None) -> dict:
+  """pass@k of a run's (`workdir.Run`) every eval set under the verifier's judge (episodes: in the run's environment),
+  with the share of responses that state an answer (`verifier.well_formed`) and of those cut
+  at the length limit; with a tag, also a report under workdir/eval_<tag> and a line per set."""
+  ecfg = run.settings.eval.sampling
+  write = tag is not None and distributed.is_writer()
+  outdir = os.path.join(run.workdir, f"eval_{tag}") if write else None
+  judge, results = verifier.for_eval().judge, {}
+  for name, prompts in run.eval_prompts.items():
+    keep = write and run.settings.eval.samples
+    results[name] = evaluate_set(
+      sampler,
+      prompts,
+      judge,
+      ecfg,
+      progress=tag is not None,
+      context=run.context,
+      samples_path=os.path.join(outdir, f"samples_{name}.jsonl") if keep else None,
+      episodes=episodes,
+      well_formed=verifier.well_formed,
+    )
+  if write:
+    write_report(results, outdir, f"eval {tag}")
+    for name, r in results.items():  # one line per set, after the progress bars
+      print(result_line(f"eval {tag.replace('_', ' ')}", name, r), flush=True)
+  return {
+    name: {f"pass@{k}": v[0] for k, v in r["pass@k"].items()}
+    | ({"well_formed": r["well_formed"][0]} if "well_formed" in r else {})
+    | {"truncated": r["truncated"][0]}
+    for name, r in results.items()
+  }

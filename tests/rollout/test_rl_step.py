@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 from rlvr import learner, model, rollout
 from rlvr.learner import packing
 from rlvr.methods import plain
-from rlvr.run import runner
+from rlvr.run import outcome
 from rlvr.sampling import JaxSampler
 
 
@@ -113,7 +113,7 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
   ), str(e.value)
   # The run's own check, when every step of an invocation skipped its update (no dynamic
   # sampling): the same fix.
-  assert runner.no_update_message([(0.0, 1.0), (0.0, 0.5)], "/w") == (
+  assert outcome.no_update_message([(0.0, 1.0), (0.0, 0.5)], "/w") == (
     "every one of the 2 RL steps skipped its update: no group had a learning signal "
     f"(reward variance; solve_all 0%, solve_none 75%); {fix}; see /w/metrics.jsonl"
   )

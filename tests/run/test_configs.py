@@ -483,10 +483,10 @@ def test_the_methods_own_section_is_checked_before_anything_is_built(
 def test_a_runs_vllm_servers_take_their_options_from_its_settings():
   """One source for each server option: LoRA's rank is rl.learner.lora.rank where adapters
   are pushed, the longest sequence covers evaluation and episodes (rounded up to 256)."""
-  from rlvr.run import runner
+  from rlvr.run import trainer
 
   def options(*overrides):
-    return runner.server_options(experiment.check(_load("tiny_rlvr", *overrides)), 2048)
+    return trainer.server_options(experiment.check(_load("tiny_rlvr", *overrides)), 2048)
 
   pushed = options("--config.rl.learner.lora.rank=4", "--config.sampler.lora_adapters=True")
   assert pushed.lora_rank == 4 and pushed.served_model_name == "policy"

@@ -1,7 +1,7 @@
 """`sft.init_from` reuses only a folder that fits the run and whose manifest covers it
 whole; `export_every` writes clean folders.
 
-In process, through the functions a run calls: `runner.warm_start` (which resolves
+In process, through the functions a run calls: `trainer.warm_start` (which resolves
 `sft.init_from`), `checkpoint.verify` (the manifest check it applies) and
 `checkpoint.export_hf` (each export). The run's model is a tiny one with a 320-token
 tokenizer; the SFT folders differ from it in one thing each."""
@@ -21,7 +21,7 @@ from rlvr import learner
 from rlvr import model as model_lib
 from rlvr.model import decoder
 from rlvr.parallel import sharding
-from rlvr.run import checkpoint, runner
+from rlvr.run import checkpoint, trainer
 
 VOCAB = 320  # the run's tokenizer: 320 tokens, a 320-row embedding table
 
@@ -76,9 +76,9 @@ def sft_export(models, tmp_path_factory):
 
 
 def _warm_start(init_from: str, model_dir: str) -> str:
-  """`runner.warm_start` of a run whose model is `model_dir`, with sft.init_from set."""
+  """`trainer.warm_start` of a run whose model is `model_dir`, with sft.init_from set."""
   settings = types.SimpleNamespace(sft=types.SimpleNamespace(init_from=init_from, steps=0))
-  return runner.warm_start(types.SimpleNamespace(settings=settings, model_dir=model_dir))
+  return trainer.warm_start(types.SimpleNamespace(settings=settings, model_dir=model_dir))
 
 
 def _copy(src: str, dest) -> str:
