@@ -19,7 +19,7 @@ import tiny_run
 from paths import REPO
 from rules import even_length
 from test_rl_step import PROMPTS, RL, _ctx
-from test_vllm_sampler import tiny_rlvr_on_server
+from test_vllm_sampler import on_server
 from transformers import AutoTokenizer
 
 from rlvr import model, rollout
@@ -147,9 +147,9 @@ def test_staleness_above_one_and_sampler_old_logprobs_are_refused():
     experiment.check(c)
 
 
-def _command(workdir, vllm_server, served_model_dir, steps, *flags):
+def _flags(vllm_server, served_model_dir, steps, *flags):
   return [
-    *tiny_rlvr_on_server(workdir, vllm_server, served_model_dir),
+    *on_server(vllm_server, served_model_dir),
     *flags,
     "--config.sampler.weight_sync=transfer",
     "--config.data.arithmetic.n_sft=64",
@@ -167,18 +167,9 @@ def _command(workdir, vllm_server, served_model_dir, steps, *flags):
 
 
 def _train(workdir, *args):
-  """The off-policy run to its end: (its output, its metrics rows)."""
-  # tiny_run.env(): tests/ on the path (echo_env, an environment defined outside the library)
-  out = subprocess.run(
-    _command(workdir, *args),
-    cwd=REPO,
-    env=tiny_run.env(),
-    capture_output=True,
-    text=True,
-    timeout=900,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  return out.stdout + out.stderr, tiny_run.rows(workdir / "metrics.jsonl", timing=True)
+  """The off-policy run to its end: (its output, its metrics rows). tests/ is on its path
+  (echo_env, an environment defined outside the library)."""
+  return tiny_run.train(workdir, *_flags(*args))
 
 
 @pytest.mark.slow
@@ -209,7 +200,7 @@ def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
   cut = tmp_path / "cut"
   run_copies.start_from_sft(tmp_path / "full", cut)
   proc = subprocess.Popen(
-    _command(cut, vllm_server, served_model_dir, steps, *flags),
+    tiny_run.argv(cut, *_flags(vllm_server, served_model_dir, steps, *flags)),
     cwd=REPO,
     env=tiny_run.env(),
     stdout=subprocess.DEVNULL,

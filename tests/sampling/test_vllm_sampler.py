@@ -371,8 +371,9 @@ def test_dead_engine_kill_and_restart(served_model_dir, tmp_path):
     sampler.close()
 
 
-def _on_server(server, model_dir) -> list[str]:
-  """The flags of `tiny_rlvr_on_server`."""
+def on_server(server, model_dir) -> list[str]:
+  """`launch.train` flags of configs/tiny_rlvr.py on `server`'s model, sampled from it, with
+  a short SFT (tests add their own flags after these)."""
   return [
     f"--config.model.path={model_dir}",
     "--config.sampler.kind=vllm",
@@ -382,12 +383,6 @@ def _on_server(server, model_dir) -> list[str]:
     "--config.sft.steps=20",
     "--config.sft.batch_size=8",
   ]
-
-
-def tiny_rlvr_on_server(workdir, server, model_dir) -> list[str]:
-  """`launch.train` of configs/tiny_rlvr.py on `server`'s model, sampled from it, with a
-  short SFT (tests add their own flags after these)."""
-  return tiny_run.argv(workdir, *_on_server(server, model_dir))
 
 
 @pytest.mark.slow
@@ -403,7 +398,7 @@ def test_launch_train_samples_from_the_server_and_syncs_it_every_step(
   try:
     _, rows = tiny_run.train(
       workdir,
-      *_on_server(vllm_server, served_model_dir),
+      *on_server(vllm_server, served_model_dir),
       "--config.sampler.retries=1",
       "--config.data.arithmetic.n_sft=64",
       "--config.data.arithmetic.n_train=32",
