@@ -45,24 +45,25 @@ def noop(cfg):
   return cfg
 
 
-def check_trajectories(generate, tok, prompts, max_turns=4, budget=120) -> list[int]:
-  """Runs Echo episodes over `generate` (a real sampler's) and checks each one against what
-  the sampler was asked and returned: every turn is the sampler's tokens for exactly the
+def check_trajectories(sampler, tok, prompts, max_turns=4, budget=120) -> list[int]:
+  """Runs Echo episodes on `sampler` (a real one) and checks each one against what the
+  sampler was asked and returned: every turn is the sampler's tokens for exactly the
   trajectory so far, cut after its first "e", with the observation's tokens between turns
   (mask 0, logprob 0). Returns the turns of each episode."""
   calls = []
 
-  def recording(ids, sp):
-    out = generate(ids, sp)
-    calls.append((sp, [list(x) for x in ids], out))
-    return out
+  class Recording:  # the sampler, each call kept
+    def generate(self, ids, sp):
+      out = sampler.generate(ids, sp)
+      calls.append((sp, [list(x) for x in ids], out))
+      return out
 
   cfg = envs.EnvConfig(name="echo_env:make", max_turns=max_turns, max_total_tokens=budget)
   decode = lambda ids: tok.decode(list(ids), skip_special_tokens=True)
   runner = envs.Episodes(
     Echo(cfg), cfg, decode=decode, encode=lambda t: tok(t, add_special_tokens=False)["input_ids"]
   )
-  outs = runner.generate(recording, prompts, SamplingParams(n=2, max_tokens=24, seed=3))
+  outs = runner.generate(Recording(), prompts, SamplingParams(n=2, max_tokens=24, seed=3))
   assert calls[0][0].stop == ("e",) and all(c[0].n == 1 for c in calls[1:])
   continued = {tuple(p): c[0] for c in calls[1:] for p, c in zip(c[1], c[2])}
   turns = []

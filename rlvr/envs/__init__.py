@@ -2,7 +2,7 @@
 
 from rlvr import envs
 runner = envs.Episodes(envs.make(cfg), cfg, decode=..., encode=...)
-outs = runner.generate(sampler.generate, prompt_ids, params)  # one Completion per episode
+outs = runner.generate(sampler, prompt_ids, params)  # one Completion per episode
 """
 
 from rlvr.envs.base import Environment, Episode, SingleTurn

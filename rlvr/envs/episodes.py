@@ -1,5 +1,5 @@
-"""Episodes of several turns, token-exact: `Episodes.generate` has a sampler's `generate`
-signature and returns each episode as one `Completion`.
+"""Episodes of several turns, token-exact: `Episodes.generate` takes the sampler itself
+(anything with a `Sampler`'s `generate`) and returns each episode as one `Completion`.
 
 A trajectory is the tokens the sampler returned for each turn, as returned, with the
 observation tokens between them. Nothing the policy wrote is decoded and encoded again:
@@ -37,9 +37,8 @@ from typing import Callable, Sequence
 from rlvr.data import tokens
 from rlvr.envs.base import Environment, Episode
 from rlvr.envs.config import EnvConfig
-from rlvr.sampling.types import Completion, SamplingParams
+from rlvr.sampling.types import Completion, Sampler, SamplingParams
 
-GenerateFn = Callable[[list[Sequence[int]], SamplingParams], list[list[Completion]]]
 TRUNCATED = "\n[cut]\n```\n"  # ends an observation longer than its budget
 
 
@@ -105,7 +104,7 @@ def _room_bucket(room: int, cap: int) -> int:
 
 
 class Episodes:
-  """Runs `environment` episodes over a sampler's generate function."""
+  """Runs `environment` episodes on a sampler."""
 
   def __init__(
     self,
@@ -148,7 +147,7 @@ class Episodes:
 
   def generate(
     self,
-    generate: GenerateFn,
+    sampler: Sampler,
     prompt_ids: list[Sequence[int]],
     sp: SamplingParams,
     texts: Sequence[str] | None = None,
@@ -156,7 +155,7 @@ class Episodes:
     """sp.n episodes per prompt; outs[i][j] is the j-th episode of prompt i. texts: the
     problem statements (what `Episode.prompt_text` shows the environment)."""
     if not self.multi_turn:
-      return generate(prompt_ids, sp)
+      return sampler.generate(prompt_ids, sp)
     sp = dataclasses.replace(sp, stop=tuple(dict.fromkeys(sp.stop + self.environment.stop)))
     texts = texts or [""] * len(prompt_ids)
     trajs = [
@@ -170,7 +169,7 @@ class Episodes:
       ]
       for i, p in enumerate(prompt_ids)
     ]
-    first = generate(prompt_ids, sp)
+    first = sampler.generate(prompt_ids, sp)
     pending = [(trajs[i][j], c) for i, outs in enumerate(first) for j, c in enumerate(outs)]
     round_ = 0
     while pending:
@@ -178,7 +177,7 @@ class Episodes:
       observed = self._observe(waiting)
       asks = [(t, room) for t, obs in zip(waiting, observed) if (room := self._add(t, obs, sp))]
       round_ += 1
-      pending = self._next_turns(generate, asks, sp, round_)
+      pending = self._next_turns(sampler, asks, sp, round_)
     return [[t.completion(sp.logprobs) for t in row] for row in trajs]
 
   def _take_turn(self, t: _Trajectory, c: Completion) -> bool:
@@ -269,7 +268,7 @@ class Episodes:
     t.finish = "length"
     return 0
 
-  def _next_turns(self, generate: GenerateFn, asks, sp: SamplingParams, round_: int):
+  def _next_turns(self, sampler: Sampler, asks, sp: SamplingParams, round_: int):
     """One generate call per token budget (few: budgets are bucketed), n=1 per episode."""
     by_budget: dict[int, list[_Trajectory]] = {}
     for t, room in asks:
@@ -280,20 +279,20 @@ class Episodes:
       turn_sp = dataclasses.replace(
         sp, n=1, max_tokens=budget, seed=None if seed is None else seed % (2**31)
       )
-      outs = generate([list(t.prompt) + t.ids for t in group], turn_sp)
+      outs = sampler.generate([list(t.prompt) + t.ids for t in group], turn_sp)
       pending += [(t, out[0]) for t, out in zip(group, outs)]
     return pending
 
 
 def solve(
-  generate: GenerateFn, episodes: Episodes | None, prompts: Sequence, sp: SamplingParams
+  sampler: Sampler, episodes: Episodes | None, prompts: Sequence, sp: SamplingParams
 ) -> list[list[Completion]]:
-  """sp.n attempts at each prompt (anything with `ids` and `text`, a `rollout.Prompt`): one
-  response each, or one episode each when `episodes` is given."""
+  """sp.n attempts at each prompt (anything with `ids` and `text`, a `rollout.Prompt`) on
+  `sampler`: one response each, or one episode each when `episodes` is given."""
   ids = [list(p.ids) for p in prompts]
   if episodes is None:
-    return generate(ids, sp)
-  return episodes.generate(generate, ids, sp, [p.text for p in prompts])
+    return sampler.generate(ids, sp)
+  return episodes.generate(sampler, ids, sp, [p.text for p in prompts])
 
 
 def episodes_for(

@@ -17,9 +17,9 @@ import types
 from typing import Any, Mapping, Sequence
 
 from rlvr.data.stream import DataStream
-from rlvr.rollout import Group, Prompt, StepContext
+from rlvr.rollout import Group, Prompt, Rollout
 
-__all__ = ["Group", "Method", "MethodSettings", "Prompt", "PromptPool", "StepContext"]
+__all__ = ["Group", "Method", "MethodSettings", "Prompt", "PromptPool", "Rollout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Method(abc.ABC):
   # curriculum's depth switches); "" marks nothing
 
   @abc.abstractmethod
-  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, ctx: Rollout, step: int) -> tuple[list[Group], dict[str, float]]:
     """The scored groups of one update (may be empty: the update is skipped) + metrics.
 
     The rollouts the step's metrics describe go to `ctx.report_rollouts`

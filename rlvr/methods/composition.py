@@ -22,7 +22,7 @@ import numpy as np
 from rlvr import rollout
 from rlvr.common import settings
 from rlvr.common.panel import Panel
-from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, StepContext
+from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, Rollout
 from rlvr.rollout import stats
 from synthesis.composition import Curriculum, CurriculumConfig
 
@@ -65,9 +65,9 @@ class Composition(Method):
     self.pools = {d: PromptPool(by_depth[d], seed + d) for d in curriculum.depths}
     self.curriculum = Curriculum(curriculum)
 
-  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, ctx: Rollout, step: int) -> tuple[list[Group], dict[str, float]]:
     depth = self.curriculum.depth
-    kept, sampled, _ = rollout.gather_groups(ctx, self.pools[depth].draw, step)
+    kept, sampled, _ = rollout.gather_groups(ctx, self.pools[depth], step)
     solve_all = stats.group_stats(np.stack([g.correct for g in sampled]))["solve_all"]
     switched = self.curriculum.record(solve_all)
     return kept, {"depth": depth, "depth_switch": int(switched)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rlvr import rollout
-from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, StepContext
+from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, Rollout
 
 
 class Plain(Method):
@@ -16,8 +16,8 @@ class Plain(Method):
   def __init__(self, train: Sequence[Prompt], seed: int):
     self.pool = PromptPool(train, seed)
 
-  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
-    kept, _, _ = rollout.gather_groups(ctx, self.pool.draw, step)
+  def buffer(self, ctx: Rollout, step: int) -> tuple[list[Group], dict[str, float]]:
+    kept, _, _ = rollout.gather_groups(ctx, self.pool, step)
     return kept, {}
 
   def state(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import numpy as np
 from rlvr import rollout
 from rlvr.common import settings
 from rlvr.common.panel import Panel
-from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, StepContext
+from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, Rollout
 from rlvr.methods.qbq_store import RoundStore, as_variant
 from rlvr.methods.qbq_teachers import Complete, llm_variants, procedural_variants, server_teacher
 from rlvr.sampling.types import SamplingParams
@@ -135,9 +135,7 @@ class QbQ(Method):
     self.round_metrics: dict[str, float] = {}
 
   # ---------------------------------------------------------------- stages
-  def _counts(
-    self, ctx: StepContext, items: Sequence[qbq.Variant], t: int, salt: int
-  ) -> list[dict]:
+  def _counts(self, ctx: Rollout, items: Sequence[qbq.Variant], t: int, salt: int) -> list[dict]:
     """Solve counts n of k scoring samples; prompts over max_prompt_len get n = None."""
     c = self.cfg
     prompts = [ctx.prompt(v.problem, v.answer, f"qbq-r{t}") for v in items]
@@ -154,13 +152,13 @@ class QbQ(Method):
     # Correctness only: no shaping terms, so a step's shaping metrics describe its update's
     # rollouts whether or not this stage ran in it (a resumed run may load it instead).
     kept = [p for p, ok in zip(prompts, fits) if ok]
-    groups = iter(rollout.sample_and_score(ctx.solve, ctx.score, kept, sp) if kept else [])
+    groups = iter(ctx.groups(kept, sp, shaped=False) if kept else [])
     return [
       dict(dataclasses.asdict(v), n=int(next(groups).correct.sum()) if ok else None)
       for v, ok in zip(items, fits)
     ]
 
-  def _teach(self, ctx: StepContext, seeds: Sequence[qbq.Variant], t: int) -> list[dict]:
+  def _teach(self, ctx: Rollout, seeds: Sequence[qbq.Variant], t: int) -> list[dict]:
     c = self.cfg
     if c.teacher == "procedural":
       rows = procedural_variants(seeds, c.operators_per_seed, salt=str(t))
@@ -183,7 +181,7 @@ class QbQ(Method):
           seen.append(r["problem"])
     return rows
 
-  def _policy_complete(self, ctx: StepContext, t: int) -> Complete:
+  def _policy_complete(self, ctx: Rollout, t: int) -> Complete:
     c = self.cfg
     sp = SamplingParams(
       n=1,
@@ -198,7 +196,7 @@ class QbQ(Method):
     """The training pool as lineage roots "pool-<i>"."""
     return [qbq.Variant(f"pool-{i}", "", "", p.text, p.answer) for i, p in enumerate(self.train)]
 
-  def _pool_seeds(self, ctx: StepContext) -> list[qbq.Variant]:
+  def _pool_seeds(self, ctx: Rollout) -> list[qbq.Variant]:
     """S_0: the band of pi_0 over the training pool, `initial_seeds` drawn in a seeded order."""
     scored = self.store.stage(
       0, "pool_scores.jsonl", lambda: self._counts(ctx, self._pool_variants(), 0, 1)
@@ -212,7 +210,7 @@ class QbQ(Method):
     take = self.cfg.initial_seeds or len(band)
     return [band[i] for i in sorted(order[:take])]
 
-  def _next_seeds(self, ctx: StepContext, t: int) -> list[dict]:
+  def _next_seeds(self, ctx: Rollout, t: int) -> list[dict]:
     if t == 0:
       return [dataclasses.asdict(s) for s in self._pool_seeds(ctx)]
     selected = [as_variant(r) for r in self.store.read(t - 1, "selection.jsonl")]
@@ -225,7 +223,7 @@ class QbQ(Method):
       return self.store.read(t - 1, "seeds.jsonl")
     return [dataclasses.asdict(s) for s in seeds]
 
-  def _prepare_round(self, ctx: StepContext, t: int) -> list[Prompt]:
+  def _prepare_round(self, ctx: Rollout, t: int) -> list[Prompt]:
     """Runs (or reloads) the stages of round t; returns R_t as prompts."""
     c = self.cfg
     seeds = [
@@ -271,7 +269,7 @@ class QbQ(Method):
       ctx.prompt(selection[i]["problem"], str(selection[i]["answer"]), f"qbq-r{t}") for i in order
     ]
 
-  def _replayed(self, ctx: StepContext) -> list[Prompt]:
+  def _replayed(self, ctx: Rollout) -> list[Prompt]:
     """shuffled: every round's selection of the curriculum run at replay_from, one pass."""
     rows = RoundStore(self.cfg.replay_from).selections()
     if not rows:
@@ -283,7 +281,7 @@ class QbQ(Method):
     self.round_metrics = {"qbq_selected": len(rows)}
     return [ctx.prompt(rows[i]["problem"], str(rows[i]["answer"]), "qbq-replay") for i in order]
 
-  def _static_pool(self, ctx: StepContext) -> PromptPool:
+  def _static_pool(self, ctx: Rollout) -> PromptPool:
     """static: originals plus variants of every pool problem, made once by the teacher."""
     made = self.store.stage(0, "variants.jsonl", lambda: self._teach(ctx, self._pool_variants(), 0))
     extra = [
@@ -295,7 +293,7 @@ class QbQ(Method):
     return PromptPool(self.train + extra, self.seed)
 
   # ---------------------------------------------------------------- the seam
-  def _ensure(self, ctx: StepContext, t: int) -> bool:
+  def _ensure(self, ctx: Rollout, t: int) -> bool:
     """Prepares what step t's round draws from; True when a new round starts here."""
     if self.cfg.schedule == "static":
       if self.pool is None:
@@ -318,7 +316,7 @@ class QbQ(Method):
     """A fresh optimizer at the start of every round after the first (paper C.2)."""
     return self.cfg.schedule == "curriculum" and step > 0 and step % self.cfg.steps_per_round == 0
 
-  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, ctx: Rollout, step: int) -> tuple[list[Group], dict[str, float]]:
     t = step // self.cfg.steps_per_round
     start = self._ensure(ctx, t)
     k = ctx.rl.prompts_per_step
@@ -330,9 +328,7 @@ class QbQ(Method):
         min(self.pos + k, len(self.problems)),
       )
     m = dict(self.round_metrics, qbq_round=t, qbq_round_start=int(start))
-    groups = ctx.sample_and_score(
-      batch, ctx.rl.sampling_params(rollout.step_seed(self.seed, step, 0))
-    )
+    groups = ctx.groups(batch, ctx.rl.sampling_params(rollout.step_seed(self.seed, step, 0)))
     if groups:
       ctx.report_rollouts(groups, groups, 1)
     return groups, m

@@ -20,7 +20,7 @@ import numpy as np
 from rlvr import rollout
 from rlvr.common import settings
 from rlvr.common.panel import Panel
-from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, StepContext
+from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, Rollout
 from synthesis import svs
 
 # svs.png's panels (`plots.plot_metrics`); the data types are docs/methods.md#svs's.
@@ -70,16 +70,14 @@ class SvS(Method):
     self.pool = PromptPool(train, seed)
     self.cfg, self.template = cfg, template
 
-  def buffer(self, ctx: StepContext, step: int) -> tuple[list[Group], dict[str, float]]:
+  def buffer(self, ctx: Rollout, step: int) -> tuple[list[Group], dict[str, float]]:
     rl = ctx.rl
     rng = random.Random(rollout.step_seed(rl.seed, step, 99))
     seed = lambda phase: rollout.step_seed(rl.seed, step, 100 + phase)  # apart from DS rounds
     if self.cfg.refill_originals:  # DAPO's dynamic sampling: up to prompts_per_step mixed groups
-      kept, originals, rounds = rollout.gather_groups(ctx, self.pool.draw, step)
+      kept, originals, rounds = rollout.gather_groups(ctx, self.pool, step)
     else:  # the authors' loop: one draw, the mixed groups kept
-      originals = ctx.sample_and_score(
-        self.pool.draw(rl.prompts_per_step), rl.sampling_params(seed(0))
-      )
+      originals = ctx.groups(self.pool.draw(rl.prompts_per_step), rl.sampling_params(seed(0)))
       kept, rounds = [o for o in originals if o.mixed], 1
     type1 = [o for o in kept if o.mixed]
     under = [
@@ -89,11 +87,7 @@ class SvS(Method):
     ]
     m = {"svs_underperforming": len(under)}
     if self.cfg.mode == "eup":  # ablation: a second rollout on underperforming problems
-      again = (
-        ctx.sample_and_score([o.prompt for o in under], rl.sampling_params(seed(1)))
-        if under
-        else []
-      )
+      again = ctx.groups([o.prompt for o in under], rl.sampling_params(seed(1))) if under else []
       type1 += [a for a in again if a.mixed]
       type2, type3 = [], []
     else:
@@ -110,7 +104,7 @@ class SvS(Method):
     ctx.report_rollouts(originals, type1, rounds)  # the step's metrics: originals, type 1
     return type1 + type2 + type3, m
 
-  def _synthesize(self, ctx: StepContext, under: list[Group], seed, rng, m: dict):
+  def _synthesize(self, ctx: Rollout, under: list[Group], seed, rng, m: dict):
     """Types 2 and 3 from the underperforming groups; adds the svs_* metrics to m."""
     cfg, rl = self.cfg, ctx.rl
     sources = [(o, c) for o in under for c, ok in zip(o.completions, o.correct) if ok]
@@ -139,7 +133,7 @@ class SvS(Method):
         problems[i][k] = None
     flat = [f for f, ok in zip(flat, fits) if ok]
     syn_prompts = [q for q, ok in zip(syn_prompts, fits) if ok]
-    solved = ctx.sample_and_score(syn_prompts, rl.sampling_params(seed(3))) if flat else []
+    solved = ctx.groups(syn_prompts, rl.sampling_params(seed(3))) if flat else []
     accs = [[None] * len(ps) for ps in problems]
     for (i, k, _), grp in zip(flat, solved):
       accs[i][k] = float(grp.correct.mean())

@@ -2,9 +2,9 @@
 
 `rl_step` (`step.py`) is one step of any method: the buffer the method builds, its
 rollout metrics, the update, the weight push, the timings. A method builds its buffer
-through a `StepContext` (`context.py`: sampler, scorer, encoders, `sample_and_score`,
-`step_seed`) from
-`Prompt`s into scored `Group`s (`types.py`), plain GRPO by dynamic sampling
+through the step's `Rollout` (`context.py`: the sampler, the environment, the scorer and
+shaping; `Rollout.groups`, `step_seed`) from `Prompt`s into scored `Group`s (`types.py`),
+plain GRPO by dynamic sampling
 (`dynamic_sampling.py`: `gather_groups`, `NoSignalError`); `Buffers` (`buffer.py`) says
 when each step's `Buffer` is built. `RLConfig` (`config.py`) is the config section
 `rl.loop`. `buffer_file.py` keeps a buffer built ahead with a checkpoint; `stats.py` holds
@@ -13,23 +13,23 @@ pass@k and the solve rates of groups.
 
 from rlvr.rollout.buffer import Buffer, Buffers, build_buffer
 from rlvr.rollout.config import RLConfig
-from rlvr.rollout.context import StepContext, sample_and_score, step_seed
-from rlvr.rollout.dynamic_sampling import NoSignalError, gather_groups, no_signal_fix
+from rlvr.rollout.context import Rollout, step_seed
+from rlvr.rollout.dynamic_sampling import Draws, NoSignalError, gather_groups, no_signal_fix
 from rlvr.rollout.step import rl_step
 from rlvr.rollout.types import Group, Prompt
 
 __all__ = [
   "Buffer",
+  "Draws",
   "Group",
   "NoSignalError",
   "Prompt",
   "RLConfig",
   "Buffers",
-  "StepContext",
+  "Rollout",
   "build_buffer",
   "gather_groups",
   "no_signal_fix",
   "rl_step",
-  "sample_and_score",
   "step_seed",
 ]

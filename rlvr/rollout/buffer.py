@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlvr.rollout.context import RolloutStats, StepContext
+from rlvr.rollout.context import Rollout, RolloutStats
 from rlvr.rollout.dynamic_sampling import rollout_metrics
 from rlvr.rollout.types import Group
 
@@ -38,7 +38,7 @@ class Buffer:
   stats: RolloutStats = dataclasses.field(default_factory=RolloutStats)
 
 
-def build_buffer(method, ctx: StepContext, step: int, version: int) -> Buffer:
+def build_buffer(method, ctx: Rollout, step: int, version: int) -> Buffer:
   """method.buffer(ctx, step) on a fork of ctx, with its rollout metrics and stats."""
   ctx = ctx.fork()
   t0 = time.perf_counter()
@@ -80,9 +80,7 @@ class Buffers:
   between steps nothing is in flight and `pending` is what a checkpoint saves.
   """
 
-  def __init__(
-    self, method, ctx: StepContext, *, overlap: bool = True, last_step: int | None = None
-  ):
+  def __init__(self, method, ctx: Rollout, *, overlap: bool = True, last_step: int | None = None):
     self.method, self.ctx = method, ctx
     self.ahead = ctx.rl.max_staleness == 1
     self.overlap, self.last_step = overlap, last_step

@@ -1,6 +1,6 @@
-"""What a method may use inside one step (`StepContext`: sampler, scorer, encoders, reward
-shaping), what its calls cost and met (`RolloutStats`), the scored rollout of a batch of
-prompts (`sample_and_score`) and the sampling seed of a generation round (`step_seed`)."""
+"""The rollout of a step (`Rollout`: the sampler, the environment, the scorer and shaping,
+offering scored groups of prompts), what its calls cost and met (`RolloutStats`) and the
+sampling seed of a generation round (`step_seed`)."""
 
 from __future__ import annotations
 
@@ -21,34 +21,6 @@ _LOG = logging.getLogger(__name__)
 
 # (texts, golds, prompts=None) -> (rewards, correct): prompts, the problem statement of each text
 ScoreFn = Callable[..., tuple[np.ndarray, np.ndarray]]
-GenerateFn = Callable[[list[Sequence[int]], SamplingParams], list[list[Completion]]]
-# (prompts, params) -> params.n completions (or episodes) per prompt: `StepContext.solve`
-SolveFn = Callable[[Sequence[Prompt], SamplingParams], list[list[Completion]]]
-
-
-def sample_and_score(
-  solve: SolveFn,
-  score_fn: ScoreFn,
-  prompts: Sequence[Prompt],
-  sp: SamplingParams,
-  shape: Callable | None = None,
-) -> list[Group]:
-  """Samples sp.n responses (or episodes: `StepContext.solve`) per prompt and scores them.
-
-  The scorer gets the text each response's policy wrote (`Completion.answer_text`: an
-  episode's observations left out) and its problem statement (`Prompt.text`) as `prompts`.
-  shape(completions, rewards) -> rewards adds shaping terms to the verifier's.
-  """
-  outs = solve(prompts, sp)
-  texts = [c.answer_text for group in outs for c in group]
-  golds = [p.answer for p in prompts for _ in range(sp.n)]
-  problems = [p.text for p in prompts for _ in range(sp.n)]
-  rewards, correct = score_fn(texts, golds, prompts=problems)
-  if shape is not None:
-    rewards = shape([c for group in outs for c in group], rewards)
-  rewards = np.asarray(rewards, np.float32).reshape(len(prompts), sp.n)
-  correct = np.asarray(correct, bool).reshape(len(prompts), sp.n)
-  return [Group(p, outs[k], rewards[k], correct[k]) for k, p in enumerate(prompts)]
 
 
 def step_seed(seed: int, step: int, round_: int) -> int:
@@ -58,14 +30,14 @@ def step_seed(seed: int, step: int, round_: int) -> int:
 
 @dataclasses.dataclass
 class RolloutStats:
-  """What one buffer's build cost and met, counted as its calls go through a `StepContext`.
+  """What one buffer's build cost and met, counted as its calls go through a `Rollout`.
 
   time_sample / time_score: seconds in the sampler's generate and in the scorer;
   generated_tokens: tokens the generate calls produced (a timing: a resumed method may reuse
   stored work); prompts_too_long: prompts dropped for rl.max_prompt_len; shaping_sums /
   shaped: the shaping terms summed over the shaped responses; verdicts: responses per
   verifier verdict; reward_values: a verifier's named values, per response; reported: the
-  groups the step's rollout metrics describe (`StepContext.report_rollouts`).
+  groups the step's rollout metrics describe (`Rollout.report_rollouts`).
   """
 
   time_sample: float = 0.0
@@ -95,15 +67,19 @@ class RolloutStats:
     }
 
 
-class StepContext:
-  """What a method may use inside one step: sampler, scorer, encoders, the RL config.
+class Rollout:
+  """What a method samples and scores through: the sampler, the run's environment, the
+  scorer and reward shaping, the encoders and the RL config.
 
-  `generate` and `score` go through here so that `stats` (`RolloutStats`) times them
-  and counts what they produce; `complete` is the text-in / text-out call that
-  synthesis functions take. Buffers add the `shaping` terms to the
-  verifier's reward (`well_formed(text)` decides the format bonus).
-  `answer_of` is a task's exact answer of a problem text (procedural tasks
-  only): diagnostics, never a training signal.
+  `groups(prompts, sp)` is a batch of prompts sampled (sp.n responses, or episodes, each)
+  and scored into `Group`s, shaped for the update or (shaped=False) the verifier's reward
+  alone, as evaluation and QbQ's solve counts take it. `generate` and `score` go through
+  here so that `stats` (`RolloutStats`) times them and counts what they produce; episodes
+  take the rollout as their sampler, so their turns are counted too. `complete` is the
+  text-in / text-out call that synthesis functions take; `well_formed(text)` decides the
+  format bonus; `answer_of` is a task's exact answer of a problem text (procedural tasks
+  only): diagnostics, never a training signal. rl=None (evaluation): no prompt-length limit
+  and no shaping.
   """
 
   def __init__(
@@ -111,9 +87,9 @@ class StepContext:
     sampler: Sampler,
     score_fn: ScoreFn,
     *,
-    rl: RLConfig,
-    encode: Callable[[str], list[int]],
-    encode_task: Callable[[str], list[int]],
+    rl: RLConfig | None = None,
+    encode: Callable[[str], list[int]] | None = None,
+    encode_task: Callable[[str], list[int]] | None = None,
     answer_of: Callable[[str], str | None] | None = None,
     shaping_cfg: shaping.ShapingConfig | None = None,
     well_formed: Callable[[str], bool] | None = None,
@@ -123,7 +99,8 @@ class StepContext:
     self.episodes = episodes
     self._score_fn = score_fn
     self.encode, self.encode_task, self.answer_of = encode, encode_task, answer_of
-    self.shaping = shaping_cfg if shaping_cfg is not None and shaping_cfg.active else None
+    active = rl is not None and shaping_cfg is not None and shaping_cfg.active
+    self.shaping = shaping_cfg if active else None
     if self.shaping is not None and self.shaping.format_bonus and well_formed is None:
       raise ValueError("shaping.format_bonus needs well_formed(text) to tell a final answer")
     self.well_formed = well_formed
@@ -132,13 +109,13 @@ class StepContext:
   def reset(self) -> None:
     self.stats = RolloutStats()
 
-  def fork(self) -> "StepContext":
+  def fork(self) -> Rollout:
     """The same sampler, scorer and encoders with `stats` of its own: one per buffer, so a
     buffer built ahead in a worker thread counts only its own calls."""
-    ctx = object.__new__(StepContext)
-    ctx.__dict__.update(self.__dict__)
-    ctx.reset()
-    return ctx
+    other = object.__new__(Rollout)
+    other.__dict__.update(self.__dict__)
+    other.reset()
+    return other
 
   def report_rollouts(self, sampled: Sequence[Group], kept: Sequence[Group], rounds: int) -> None:
     """Names the rollouts the step's metrics describe (`rollout_metrics`): the groups
@@ -157,7 +134,7 @@ class StepContext:
   def solve(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[list[Completion]]:
     """sp.n attempts at each prompt: one response each, or with a multi-turn environment
     (`rlvr.envs`, the `env` section) one episode each, as one `Completion`."""
-    return envs.solve(self.generate, self.episodes, prompts, sp)
+    return envs.solve(self, self.episodes, prompts, sp)
 
   def score(self, texts: list[str], golds: list[str], prompts: list[str] | None = None):
     """The scorer's (rewards, correct) of the responses. Whatever scored them, a reward
@@ -184,8 +161,9 @@ class StepContext:
 
   def fit_mask(self, prompts: Sequence[Prompt]) -> list[bool]:
     """Which prompts are of at most rl.max_prompt_len tokens (never cut: the learner must see
-    the prompt the sampler saw)."""
-    return [len(p.ids) <= self.rl.max_prompt_len for p in prompts]
+    the prompt the sampler saw); without an RL config, all."""
+    limit = self.rl.max_prompt_len if self.rl is not None else float("inf")
+    return [len(p.ids) <= limit for p in prompts]
 
   def fits(self, prompts: Sequence[Prompt]) -> list[Prompt]:
     """The prompts that fit (`fit_mask`); the rest are counted and dropped."""
@@ -193,18 +171,24 @@ class StepContext:
     self.stats.prompts_too_long += len(prompts) - len(kept)
     return kept
 
-  def sample_and_score(self, prompts: Sequence[Prompt], sp: SamplingParams) -> list[Group]:
-    """Groups of the prompts that fit (see `fits`), scored."""
+  def groups(self, prompts: Sequence[Prompt], sp: SamplingParams, shaped: bool = True):
+    """sp.n responses (or episodes: `solve`) of each prompt that fits (`fits`), scored into
+    `Group`s. The scorer gets the text each response's policy wrote (`Completion.answer_text`:
+    an episode's observations left out) and its problem statement (`Prompt.text`).
+    shaped: the shaping terms added to the verifier's reward (the update's groups)."""
     prompts = self.fits(prompts)
     if not prompts:
       return []
-    return sample_and_score(
-      self.solve,
-      self.score,
-      prompts,
-      sp,
-      shape=self._shape if self.shaping is not None else None,
-    )
+    outs = self.solve(prompts, sp)
+    flat = [c for group in outs for c in group]
+    golds = [p.answer for p in prompts for _ in range(sp.n)]
+    problems = [p.text for p in prompts for _ in range(sp.n)]
+    rewards, correct = self.score([c.answer_text for c in flat], golds, prompts=problems)
+    if shaped and self.shaping is not None:
+      rewards = self._shape(flat, rewards)
+    rewards = np.asarray(rewards, np.float32).reshape(len(prompts), sp.n)
+    correct = np.asarray(correct, bool).reshape(len(prompts), sp.n)
+    return [Group(p, outs[k], rewards[k], correct[k]) for k, p in enumerate(prompts)]
 
   def _shape(self, completions, rewards):
     wf = (

@@ -4,15 +4,21 @@ with mixed rewards (`gather_groups`), the error when none had any (`NoSignalErro
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from rlvr.envs.episode_metrics import episode_metrics
 from rlvr.rollout import stats
 from rlvr.rollout.config import RLConfig
-from rlvr.rollout.context import StepContext, step_seed
+from rlvr.rollout.context import Rollout, step_seed
 from rlvr.rollout.types import Group, Prompt
+
+
+class Draws(Protocol):
+  """Where a step's prompts come from (`methods.PromptPool`)."""
+
+  def draw(self, k: int) -> list[Prompt]: ...
 
 
 class NoSignalError(RuntimeError):
@@ -30,11 +36,12 @@ def no_signal_fix(solve_all: float, solve_none: float) -> str:
   return "the problems are too easy for the policy: give harder ones"
 
 
-def gather_groups(ctx: StepContext, draw: Callable[[int], list[Prompt]], step: int):
-  """Buffers until `prompts_per_step` usable groups (or the round budget) are reached.
+def gather_groups(ctx: Rollout, pool: Draws, step: int):
+  """Groups of prompts drawn from `pool` until `prompts_per_step` usable ones (or the round
+  budget) are reached.
 
   Returns (kept groups, all sampled groups, rounds used), also reported to ctx
-  (`StepContext.report_rollouts`). Raises NoSignalError when dynamic sampling found no
+  (`Rollout.report_rollouts`). Raises NoSignalError when dynamic sampling found no
   mixed group at all within the budget.
   """
   cfg = ctx.rl
@@ -43,9 +50,7 @@ def gather_groups(ctx: StepContext, draw: Callable[[int], list[Prompt]], step: i
   for round_ in range(cfg.max_extra_rounds + 1):
     missing = need - len(kept)
     count = need if round_ == 0 else int(np.ceil(missing * cfg.oversample))
-    groups = ctx.sample_and_score(
-      draw(count), cfg.sampling_params(step_seed(cfg.seed, step, round_))
-    )
+    groups = ctx.groups(pool.draw(count), cfg.sampling_params(step_seed(cfg.seed, step, round_)))
     if not groups:
       continue
     sampled += groups

@@ -1,7 +1,7 @@
 """The step every RL method shares, as its phases in order.
 
     buffer   the method draws prompts, generates and scores them into groups
-             (`Method.buffer` through a `StepContext`; dynamic sampling for plain GRPO)
+             (`Method.buffer` through a `Rollout`; dynamic sampling for plain GRPO)
     update   advantages over the whole buffer, mini-batches packed into rows, optimizer
              step(s) (`Learner.update`)
     sync     the new weights pushed to the sampler (`Sampler.update_weights`)
@@ -20,13 +20,13 @@ from __future__ import annotations
 import time
 
 from rlvr.rollout.buffer import Buffer, Buffers, staleness_metrics
-from rlvr.rollout.context import StepContext
+from rlvr.rollout.context import Rollout
 
 
 def rl_step(
   learner,
   method,
-  ctx: StepContext,
+  ctx: Rollout,
   step: int,
   buffers: Buffers | None = None,
   samples=None,

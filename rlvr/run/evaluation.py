@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -15,7 +14,7 @@ import numpy as np
 from rlvr import envs
 from rlvr.common import fileio
 from rlvr.parallel import distributed
-from rlvr.rollout import Group, Prompt, sample_and_score, stats
+from rlvr.rollout import Group, Prompt, Rollout, stats
 from rlvr.sampling.types import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -103,7 +102,7 @@ def _written_when_done(path: str | None):
 
 
 def _keeping(score_fn: Callable, notes: list) -> Callable:
-  """`score_fn` as `sample_and_score` calls it, (rewards, correct), its notes (if any) added to
+  """`score_fn` as a `Rollout` calls it, (rewards, correct), its notes (if any) added to
   `notes` in response order."""
 
   def score(texts, golds, prompts=None):
@@ -133,7 +132,7 @@ def evaluate_set(
   `score_fn(texts, golds, prompts=None)` returns (rewards, correct) or (rewards, correct,
   notes), a verifier's `judge`: the notes go into the samples file with their responses.
 
-  Each batch of prompts is one `rlvr.rollout.sample_and_score`, as in training (episodes: those of
+  Each batch of prompts is one `Rollout.groups`, as in training but unshaped (episodes: those of
   the run's multi-turn environment, `rlvr.envs`). With the
   model's `context` (max positions), prompts that cannot fit prompt + max_tokens
   are skipped and counted (`fitting`). With `samples_path`, every response is written
@@ -170,12 +169,8 @@ def evaluate_set(
           seed=seed * 100_003 + start,
         )
         notes: list[dict] = []
-        groups = sample_and_score(
-          functools.partial(envs.solve, sampler.generate, episodes),
-          _keeping(score_fn, notes),
-          prompts[start : start + cfg.batch_prompts],
-          sp,
-        )
+        judged = Rollout(sampler, _keeping(score_fn, notes), episodes=episodes)
+        groups = judged.groups(prompts[start : start + cfg.batch_prompts], sp, shaped=False)
         counts += [int(g.correct.sum()) for g in groups]
         cut += sum(c.finish_reason == "length" for g in groups for c in g.completions)
         if well_formed is not None:

@@ -74,7 +74,7 @@ class Trainer:
   resume: Resume = Resume()
   sampler: Any = None
   episodes: envs.Episodes | None = None
-  rollout: rollout.StepContext | None = None
+  rollout: rollout.Rollout | None = None
   policy: learner.Learner | None = None
 
   @property
@@ -175,7 +175,7 @@ class Trainer:
       urls=urls,
     )
     self.episodes = envs.for_run(s.env, r.tokenizer)
-    self.rollout = rollout.StepContext(
+    self.rollout = rollout.Rollout(
       self.sampler,
       self.verifier.score,
       rl=loop,

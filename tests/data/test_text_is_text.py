@@ -240,16 +240,17 @@ def test_added_tokens_that_are_not_special_stay_text(families, tmp_path):
 
   turns = [policy_turn('{"name": "f"}'), tok.encode("done", add_special_tokens=False)]
 
-  def generate(ids, sp):
-    turn = turns.pop(0)
-    return [[Completion(tuple(turn), (0.0,) * len(turn), tok.decode(turn), "stop")] for _ in ids]
+  class Scripted:  # a sampler whose turns are written here
+    def generate(self, ids, sp):
+      turn = turns.pop(0)
+      return [[Completion(tuple(turn), (0.0,) * len(turn), tok.decode(turn), "stop")] for _ in ids]
 
   env_cfg = envs.EnvConfig(
     name="echo_env:make", observation_max_tokens=1000, max_turns=4, max_total_tokens=1000
   )
   episodes = envs.episodes_for(env_cfg, _ToolTurns(text), tok)
   prompt = prompts.format_prompt(tok, "Call f.")
-  ((episode,),) = episodes.generate(generate, [prompt], SamplingParams(n=1, max_tokens=64))
+  ((episode,),) = episodes.generate(Scripted(), [prompt], SamplingParams(n=1, max_tokens=64))
   wrap = [tok.convert_tokens_to_ids(s) for s in ("<tool_response>", "</tool_response>")]
   observed = [i for i, m in zip(episode.token_ids, episode.loss_mask) if m == 0]
   own = [i for i, m in zip(episode.token_ids, episode.loss_mask) if m == 1]

@@ -54,7 +54,7 @@ def _prompts(tok, k=4):
 
 def test_a_trajectory_is_the_samplers_tokens_and_the_observations(policy):
   _, _, tok, sampler = policy
-  turns = echo_env.check_trajectories(sampler.generate, tok, [list(p.ids) for p in _prompts(tok)])
+  turns = echo_env.check_trajectories(sampler, tok, [list(p.ids) for p in _prompts(tok)])
   assert max(turns) > 1  # several episodes of several turns
 
 
@@ -72,9 +72,7 @@ def test_the_budgets_end_episodes_as_truncated(policy):
     (dataclasses.replace(ENV, max_total_tokens=30), "budget_tokens", 30),
     (dataclasses.replace(ENV, observation_max_tokens=cut + 1), "observation_cut", None),
   ):
-    eps = [
-      c for row in _episodes(tok, cfg=cfg).generate(sampler.generate, prompts, sp) for c in row
-    ]
+    eps = [c for row in _episodes(tok, cfg=cfg).generate(sampler, prompts, sp) for c in row]
     assert any(c.info.get(key) for c in eps), key
     for c in eps:
       assert c.info["turns"] <= cfg.max_turns
@@ -89,7 +87,7 @@ def episode_groups(policy):
   """Scored groups of Echo episodes, as a method's rollout makes them."""
   _, _, tok, sampler = policy
   ctx = step_context(sampler, even_length, tok, rl=RL, episodes=_episodes(tok))
-  return ctx.sample_and_score(_prompts(tok), RL.sampling_params(seed=7))
+  return ctx.groups(_prompts(tok), RL.sampling_params(seed=7))
 
 
 def test_observations_are_outside_the_loss(policy, episode_groups, one_device_learner):

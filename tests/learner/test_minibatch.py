@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 from rules import even_length
-from step_context import step_context
+from step_context import InOrder, step_context
 from transformers import AutoTokenizer
 
 from rlvr import learner, model
@@ -32,8 +32,7 @@ def rollout(tiny_dirs):
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
   ctx = step_context(JaxSampler(cfg, params, tok), even_length, tok, rl=RL)
   prompts = [Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
-  it = iter(prompts)
-  kept, _, _ = gather_groups(ctx, lambda k: [next(it) for _ in range(k)], step=0)
+  kept, _, _ = gather_groups(ctx, InOrder(prompts), step=0)
   assert len(kept) == RL.prompts_per_step
   return cfg, params, tok.pad_token_id, kept
 

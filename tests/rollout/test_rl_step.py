@@ -19,7 +19,7 @@ import run_output
 import tiny_run
 from paths import REPO
 from rules import even_length
-from step_context import step_context
+from step_context import InOrder, step_context
 from transformers import AutoTokenizer
 
 from rlvr import learner, model, rollout
@@ -47,17 +47,6 @@ RL = rollout.RLConfig(
 PROMPTS = [rollout.Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
 
 
-def _draw():
-  state = {"i": 0}
-
-  def draw(k):
-    out = [PROMPTS[(state["i"] + j) % len(PROMPTS)] for j in range(k)]
-    state["i"] += k
-    return out
-
-  return draw, state
-
-
 def _ctx(sampler, tok, score_fn):
   return step_context(sampler, score_fn, tok, rl=RL)
 
@@ -65,11 +54,11 @@ def _ctx(sampler, tok, score_fn):
 def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   cfg, params, tok = tiny
   sampler = JaxSampler(cfg, params, tok)
-  draw, state = _draw()
-  kept, sampled, rounds = rollout.gather_groups(_ctx(sampler, tok, even_length), draw, step=0)
+  pool = InOrder(PROMPTS)
+  kept, sampled, rounds = rollout.gather_groups(_ctx(sampler, tok, even_length), pool, step=0)
   assert len(kept) == RL.prompts_per_step
   assert all(g.mixed for g in kept)
-  assert len(sampled) == state["i"] >= len(kept)
+  assert len(sampled) == pool.drawn >= len(kept)
   assert set(id(g) for g in kept) <= set(id(g) for g in sampled)
   arrays = packing.build_batch(kept, learner.LearnerConfig(), RL.batch_shape, tok.pad_token_id)
   assert arrays["tokens_bt"].shape == (RL.rows, RL.seq_len)
@@ -86,16 +75,16 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
 
 def test_all_solved_data_ends_with_a_clear_message(tiny):
   cfg, params, tok = tiny
-  draw, state = _draw()
+  pool = InOrder(PROMPTS)
   with pytest.raises(rollout.NoSignalError) as e:
-    rollout.gather_groups(_ctx(JaxSampler(cfg, params, tok), tok, always_right), draw, step=0)
+    rollout.gather_groups(_ctx(JaxSampler(cfg, params, tok), tok, always_right), pool, step=0)
   assert str(e.value) == (
     "step 0: no group with mixed rewards in 20 prompts over 3 rounds (solve_all 100%, "
     "solve_none 0%); the problems are too easy for the policy: give harder ones; or raise "
     "rl.loop.max_extra_rounds"
   )
   # bounded: 4 prompts, then 2 x 8 over-sampled prompts
-  assert state["i"] == 4 + 8 + 8
+  assert pool.drawn == 4 + 8 + 8
 
   # A random (untrained) policy gets everything wrong: the message names the two fixes.
   def always_wrong(texts, golds, prompts=None):
@@ -103,7 +92,9 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
     return r, r > 0
 
   with pytest.raises(rollout.NoSignalError) as e:
-    rollout.gather_groups(_ctx(JaxSampler(cfg, params, tok), tok, always_wrong), _draw()[0], step=0)
+    rollout.gather_groups(
+      _ctx(JaxSampler(cfg, params, tok), tok, always_wrong), InOrder(PROMPTS), step=0
+    )
   fix = (
     "the problems are too hard for the policy: warm-start it with SFT (sft.steps > 0, on "
     "worked solutions) or start from a trained checkpoint (model.path)"

@@ -116,7 +116,7 @@ def test_episodes_continue_from_their_token_prefix(client, served_model_dir):
   sampler, cfg, params = client
   tok = AutoTokenizer.from_pretrained(served_model_dir)
   prompts = [tok.encode("Compute 3+4"), tok.encode("Compute 12+7")]
-  turns = echo_env.check_trajectories(sampler.generate, tok, prompts, budget=_WIDTH - 4)
+  turns = echo_env.check_trajectories(sampler, tok, prompts, budget=_WIDTH - 4)
   assert max(turns) > 1
   # Each whole episode scored by our model at once: the policy's tokens carry the
   # sampler's logprobs.
@@ -126,7 +126,7 @@ def test_episodes_continue_from_their_token_prefix(client, served_model_dir):
     decode=lambda ids: tok.decode(list(ids), skip_special_tokens=True),
     encode=lambda t: tok(t, add_special_tokens=False)["input_ids"],
   )
-  outs = runner.generate(sampler.generate, prompts, SamplingParams(n=2, max_tokens=24, seed=9))
+  outs = runner.generate(sampler, prompts, SamplingParams(n=2, max_tokens=24, seed=9))
   for prompt, row in zip(prompts, outs):
     for ep in row:
       ours = _our_logprobs(params, cfg, prompt, ep.token_ids)
