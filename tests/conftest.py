@@ -20,8 +20,8 @@ import tiny_run
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Quick compiles (tiny_run.QUICK_COMPILE) for this process and the runs it starts, unless
-# the caller's XLA_FLAGS already say.
+# Quick compiles (tiny_run.QUICK_COMPILE) for the pytest processes, unless the caller's
+# XLA_FLAGS already say; the runs the tests start through tiny_run compile as a user's do.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {tiny_run.QUICK_COMPILE}".strip()
 

@@ -144,7 +144,6 @@ def test_one_rl_step_of_the_real_job_through_a_vllm_server(smollm2, tmp_path):
     out,
     *flags,
     config="configs/smollm2_arith.py",
-    environ=tiny_run.env(optimized=True),
     timeout=None,
   )
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -461,7 +460,6 @@ def test_one_svs_step_of_the_real_job(smollm2, tmp_path):
     out,
     *flags,
     config="configs/smollm2_arith_svs.py",
-    environ=tiny_run.env(optimized=True),  # a real model: compiled as a user's run is
     timeout=None,
   )
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
