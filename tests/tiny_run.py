@@ -28,7 +28,7 @@ TINY_CONFIG = "configs/tiny_rlvr.py"
 # 2 cores of an AMD EPYC, tests/learner/test_lora_rl.py takes 116 s with these flags and
 # 183 s without. A whole run computes for longer than it compiles (its sampler decodes token
 # by token), and its programs come from the shared cache after the first: the runs the tests
-# start compile as a user's run does (`env`), unless asked (`env(quick=True)`).
+# start compile as a user's run does (`env`).
 QUICK_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 TIMING = ("time_", "tokens_per_s")
 _PROCESS_SETTINGS = (
@@ -56,15 +56,14 @@ RAW_PROMPTS_RUN = [
 ]
 
 
-def env(*paths, devices: int | None = None, quick: bool = False, **extra) -> dict:
+def env(*paths, devices: int | None = None, **extra) -> dict:
   """The environment of a child run: this one's without a multi-process run's settings
   (RLVR_COORDINATOR, ...), CPU JAX (`devices` fake CPU devices if given), `paths` and tests/
-  on PYTHONPATH, then `extra`. XLA's default optimizations, as a user's run compiles;
-  quick=True: the suite's quick compiles (`QUICK_COMPILE`)."""
+  on PYTHONPATH, then `extra`. XLA's default optimizations (without the suite's
+  `QUICK_COMPILE`), as a user's run compiles."""
   base = {k: v for k, v in os.environ.items() if k not in _PROCESS_SETTINGS}
-  if not quick:
-    xla = [f for f in base.get("XLA_FLAGS", "").split() if f not in QUICK_COMPILE.split()]
-    base["XLA_FLAGS"] = " ".join(xla)
+  xla = [f for f in base.get("XLA_FLAGS", "").split() if f not in QUICK_COMPILE.split()]
+  base["XLA_FLAGS"] = " ".join(xla)
   python_path = [str(p) for p in paths] + [TESTS, REPO, base.get("PYTHONPATH", "")]
   base.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(p for p in python_path if p))
   if devices is not None:  # after the XLA flags above
