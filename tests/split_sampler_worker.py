@@ -42,6 +42,18 @@ def main(coordinator, process_id, url, model_name, model_dir, out):
   ids = lambda gs: [[c.token_ids for c in g] for g in gs]
   # Two calls more (the second deletes the first's entries) give the same tokens.
   assert ids(sampler.generate(prompts, sp)) == ids(sampler.generate(prompts, sp)) == ids(groups)
+  # A host-side verdict that differs between processes (here: by design) is process 0's
+  # everywhere, a verifier's Scored whole with its counts.
+  import jax
+  import numpy as np
+
+  from rlvr.rewards.verifiers import Scored
+  from rlvr.sampling.split import agreed
+
+  me = jax.process_index()
+  score = agreed(lambda texts: Scored(np.full(len(texts), float(me)), None, {"timeout": me}))
+  got = score(["a", "b"])
+  assert isinstance(got, Scored) and got[0].tolist() == [0.0, 0.0] and got.counts == {"timeout": 0}
   with open(out, "w") as f:
     json.dump(
       [[[list(c.token_ids), list(c.logprobs), c.text, c.finish_reason] for c in g] for g in groups],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Callable
 
 import jax
@@ -44,8 +43,7 @@ def for_run(cfg: EnvConfig, tokenizer) -> Episodes:
   processes, every process takes process 0's observations (one allgather per turn)."""
   agree = None
   if jax.process_count() > 1:
-    from rlvr.sampling.split import HostChannel
+    from rlvr.sampling import split
 
-    channel = HostChannel()
-    agree = lambda rows: json.loads(channel.allgather(json.dumps(rows).encode())[0])
+    agree = split.agreed(lambda rows: rows)
   return episodes_for(cfg, make(cfg), tokenizer, agree)

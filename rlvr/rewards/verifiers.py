@@ -53,6 +53,9 @@ class Scored(tuple):
     out.counts, out.values = dict(counts), dict(values or {})
     return out
 
+  def __reduce__(self):  # pickled whole (`sampling.split.agreed`), not as a bare tuple
+    return Scored, (self[0], self[1], self.counts, self.values)
+
 
 def _states_answer(cfg: RewardConfig, text: str) -> bool:
   """The text states a well-formed final answer (`cfg.extraction`, `cfg.integer_answers`)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import pickle
 from typing import Any, Sequence
 
 import jax
@@ -67,6 +68,23 @@ class HostChannel:
       for k in [*range(prev), "n"]:
         client.key_value_delete(key(call - 1, me, k))
     return out
+
+
+def agreed(fn):
+  """`fn` over several processes: each process calls it, and every one returns process 0's
+  result (through a `HostChannel`). A host-side answer that can differ between processes,
+  such as a verdict that timed out under load on one host only, then cannot make their
+  batches, and so their programs and collectives, differ. One process: `fn` itself."""
+  if jax.process_count() == 1:
+    return fn
+  channel = HostChannel()
+
+  def call(*args, **kwargs):
+    out = fn(*args, **kwargs)
+    mine = pickle.dumps(out) if jax.process_index() == 0 else b""
+    return pickle.loads(channel.allgather(mine)[0])
+
+  return call
 
 
 def _pack(flat: Sequence[Completion]) -> bytes:
