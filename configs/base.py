@@ -17,7 +17,7 @@ from rlvr.common import settings
 from rlvr.data import datasets, prompts
 from rlvr.methods import qbq as qbq_method
 from rlvr.rewards import RewardConfig, shaping
-from rlvr.run import experiment
+from rlvr.run import sections
 from rlvr.sampling.config import SamplerConfig
 from synthesis import composition, svs
 
@@ -36,10 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.export_hf = True  # write the final policy as an HF dir (workdir/policy)
   c.reward_workers = 8  # math-verify processes
 
-  c.model = settings.section(experiment.ModelSource)  # policy: HF dir, or a tiny random one
+  c.model = settings.section(sections.ModelSource)  # policy: HF dir, or a tiny random one
   c.sampler = settings.section(SamplerConfig)  # in-process JAX or vLLM servers
   c.data = settings.section(datasets.DataConfig)  # files or the procedural task
-  c.sft = settings.section(experiment.SFTConfig)  # the warm start (steps 0 = none);
+  c.sft = settings.section(sections.SFTConfig)  # the warm start (steps 0 = none);
   # sft.learner: SFT's own optimizer
 
   c.method = "rlvr"  # "rlvr" (plain GRPO), "svs" (online synthesis),
@@ -63,10 +63,10 @@ def get_config() -> ml_collections.ConfigDict:
   # What the policy acts in: one response per prompt, or episodes with a python tool
   c.env = settings.section(envs.EnvConfig)
 
-  c.eval = settings.section(experiment.EvalSection)  # before / after RL, every N steps
-  c.checkpoint = settings.section(experiment.CheckpointConfig)
+  c.eval = settings.section(sections.EvalSection)  # before / after RL, every N steps
+  c.checkpoint = settings.section(sections.CheckpointConfig)
   # Where metrics go besides workdir/metrics.jsonl (always written); docs/tracking.md.
-  c.logging = settings.section(experiment.LoggingConfig)
+  c.logging = settings.section(sections.LoggingConfig)
   # logging.tensorboard: event files under workdir/tensorboard (default True)
   # logging.wandb: also log to Weights & Biases, pip install wandb (default False)
   # logging.wandb_project: the wandb project (default "rlvr")
@@ -78,7 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
   # the run's id is kept in workdir/wandb_run_id, so a rerun continues the same wandb run
   # Warnings while it trains (reward without correctness, length, entropy, no signal...):
   # thresholds and windows, docs/health.md
-  c.health = settings.section(experiment.HealthConfig)
+  c.health = settings.section(sections.HealthConfig)
   return c
 
 

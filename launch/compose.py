@@ -7,8 +7,9 @@ r"""Composition-RL data: composed problems built by an assistant LLM behind a se
 
 The plan is drawn up front from --seed (docs/methods.md#depth-and-surrogate-pools), each
 chain composed by `synthesis.composition.compose` through the assistant; the
-plan, the resumable output files (OUT, OUT.rejected.jsonl, OUT.plan.json) and
-the yield funnel (OUT.report.json) are `rlvr.run.composition_build`'s. Rerunning the same
+plan is `rlvr.run.composition_plan`'s, the resumable output files (OUT,
+OUT.rejected.jsonl, OUT.plan.json) and the yield funnel (OUT.report.json)
+`rlvr.run.composition_build`'s. Rerunning the same
 command skips the ids already finished and composes the rest; a larger --n
 extends the same plan. --api_key (default: $VLLM_API_KEY) is sent as a bearer
 token, as `launch.serve_vllm --api_key` requires.
@@ -22,6 +23,7 @@ import sys
 from absl import app, flags
 
 from rlvr.run import composition_build as compose_run
+from rlvr.run import composition_plan
 from rlvr.sampling.assistant import Assistant
 from rlvr.sampling.http import API_KEY_ENV, short_error
 
@@ -93,14 +95,14 @@ def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}")
   _check_flags()
-  from rlvr.data.readers import DatasetError
+  from rlvr.data.raw_rows import DatasetError
 
   try:
-    first, second = compose_run.load_sources(FLAGS.source, FLAGS.second_source)
+    first, second = composition_plan.load_sources(FLAGS.source, FLAGS.second_source)
   except (DatasetError, OSError, ValueError, ImportError) as e:
     _fail(f"cannot read the source: {short_error(e)}")
   try:
-    plan = compose_run.prepare(
+    plan = composition_plan.prepare(
       FLAGS.out,
       first,
       second,

@@ -270,9 +270,9 @@ def _stop(e: Exception):
 
 @contextlib.contextmanager
 def _one_line():
-  """A reward function that fails on a whole call (rewards.custom.RewardFunctionError): one
+  """A reward function that fails on a whole call (rewards.custom_caller.RewardFunctionError): one
   line, not a traceback."""
-  from rlvr.rewards.custom import RewardFunctionError
+  from rlvr.rewards.custom_caller import RewardFunctionError
 
   try:
     yield

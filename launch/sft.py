@@ -8,7 +8,7 @@ r"""Supervised fine-tuning on (prompt, completion) pairs, loss on completion tok
 --data rows need a problem/prompt field and a solution/completion field
 (--problem_field / --completion_field). Uses the learner's sharded update and
 orbax checkpoints (rerun to resume); writes the result as an HF dir workdir/model.
-Defaults are those of launch.train's `sft` section (`experiment.SFTConfig`: batch size,
+Defaults are those of launch.train's `sft` section (`sections.SFTConfig`: batch size,
 learning rate, weight decay, LoRA); the schedule here is warmup + cosine over the steps.
 """
 
@@ -18,7 +18,7 @@ import os
 
 from absl import app, flags, logging
 
-from rlvr.run.experiment import SFTConfig
+from rlvr.run.sections import SFTConfig
 
 SECTION = SFTConfig()  # the defaults of launch.train's sft section, one source for both
 FLAGS = flags.FLAGS

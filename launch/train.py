@@ -56,10 +56,10 @@ flags.DEFINE_bool(
 )
 
 # What a run raises for bad settings or data (messages name the field, file or row), a
-# checkpoint that does not verify (`rlvr.run.checkpoint.CheckpointError`, a ValueError), a work
-# dir another run holds, or a disk that cannot be written (full, read-only: `fileio.disk_error`
-# names the path and what to do): one line on stderr, exit 1. Anything else is a bug and
-# keeps its traceback.
+# checkpoint that does not verify (`rlvr.run.checkpoint_integrity.CheckpointError`, a
+# ValueError), a work dir another run holds, or a disk that cannot be written (full,
+# read-only: `fileio.disk_error` names the path and what to do): one line on stderr, exit 1.
+# Anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError)
 
 

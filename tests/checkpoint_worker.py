@@ -63,7 +63,7 @@ def main():
 
   jax.config.update("jax_num_cpu_devices", 1)
   from rlvr.parallel import distributed, sharding
-  from rlvr.run import checkpoint
+  from rlvr.run import checkpoint, checkpoint_integrity
 
   distributed.initialize(f"127.0.0.1:{a.port}", 2, a.process_id)
   mesh = sharding.make_mesh({"fsdp": 2})
@@ -78,7 +78,7 @@ def main():
     mngr, state, meta = checkpoint.restore_or_init(
       a.directory, MODEL, learner_config(), mesh, _no_params
     )
-  except checkpoint.CheckpointError as e:
+  except checkpoint_integrity.CheckpointError as e:
     print(f"error: {e}", flush=True)
     sys.exit(3)
   mngr.close()

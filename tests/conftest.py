@@ -202,7 +202,7 @@ def _scope(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-  """pytest-xdist (`-n 3`, the README's test command): each module runs whole on one worker,
+  """pytest-xdist (`-n 2`, the README's test command): each module runs whole on one worker,
   so its module fixtures are built once, except its tests that take the vLLM server: those
   of every module run on one worker in file order, as they would in one process (one
   server, its weights pushed in the order the tests expect). Units go out in collection

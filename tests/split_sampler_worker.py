@@ -47,8 +47,8 @@ def main(coordinator, process_id, url, model_name, model_dir, out):
   import jax
   import numpy as np
 
+  from rlvr.parallel.distributed import agreed
   from rlvr.rewards.verifiers import Scored
-  from rlvr.sampling.split import agreed
 
   me = jax.process_index()
   score = agreed(lambda texts: Scored(np.full(len(texts), float(me)), None, {"timeout": me}))

@@ -7,13 +7,10 @@ become `Example`s here, so the rest of the library sees one shape. Bad rows are
 skipped and reported rather than silently dropped: a reward computed against an
 empty answer is worse than a smaller dataset.
 
-A row is named by its 0-based row index (`Example.index`, `Dataset.bad_rows`): the
-array index in a JSON file, the row number in a parquet file, the 0-based line
-number in a JSONL file (blank lines count). Messages spell it out, "row index 3", and
-for JSONL also give the 1-based line an editor shows: "line 4 (row index 3)".
 A row that is not valid UTF-8, whose text holds a lone surrogate escape ("\\ud800"),
 whose answer is NaN or infinite, that is nested too deep to read or holds a number with
-too many digits to read, is a bad row.
+too many digits to read, is a bad row; messages name it by its row index
+(`raw_rows.row_label`).
 """
 
 from __future__ import annotations
@@ -24,9 +21,10 @@ import logging
 import math
 import os
 import re
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from rlvr.data import raw_rows
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +43,6 @@ SOLUTION_FIELDS = ("solution", "extra_info.answer")
 SOURCE_FIELDS = ("data_source", "source")
 BAD_ROW_POLICIES = ("skip", "error")
 _SHOWN_BAD_ROWS = 5
-
-
-class DatasetError(ValueError):
-  """A dataset file that cannot be used: bad format, bad row (on_bad_row="error"), no valid row."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +67,7 @@ class Example:
     problem made in code."""
     if not self.path:
       return f"row index {self.index}"
-    return f"{self.path}: {row_label(self.path, self.index)}"
+    return f"{self.path}: {raw_rows.row_label(self.path, self.index)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +80,7 @@ class Dataset:
 
   def where(self, index: int) -> str:
     """Where row `index` is, as messages name it ("line 4 (row index 3)" in JSONL)."""
-    return row_label(self.path, index)
+    return raw_rows.row_label(self.path, index)
 
   def __len__(self) -> int:
     return len(self.examples)
@@ -96,189 +90,6 @@ class Dataset:
 
   def __iter__(self) -> Iterator[Example]:
     return iter(self.examples)
-
-
-# ------------------------------------------------------------------ raw rows
-def row_label(path: str, index: int) -> str:
-  """How messages name row `index` of `path`: "line 4 (row index 3)" in a JSONL file
-  (its row index is the 0-based line number), "row index 3" elsewhere."""
-  if os.path.splitext(path)[1].lower() == ".jsonl":
-    return f"line {index + 1} (row index {index})"
-  return f"row index {index}"
-
-
-def _bad_utf8(byte: int, at: str = "") -> str:
-  return f"not valid UTF-8 (byte 0x{byte:02x}{' ' + at if at else ''})"
-
-
-def _jsonl_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
-  """(row index = 0-based line number, object, error); blank lines are not rows.
-  Each line is decoded on its own, so one bad byte costs one row."""
-  with open(path, "rb") as f:
-    for i, raw in enumerate(f):
-      try:
-        line = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        column = len(raw[: e.start].decode("utf-8")) + 1  # in characters, as editors count
-        yield i, None, _bad_utf8(raw[e.start], f"at column {column}")
-        continue
-      if not line.strip():
-        continue
-      try:
-        yield i, json.loads(line), None
-      except json.JSONDecodeError as e:
-        yield i, None, f"invalid JSON ({e.msg} at column {e.colno})"
-      except (RecursionError, ValueError) as e:
-        yield i, None, _unreadable(e)
-
-
-def _unreadable(error: RecursionError | ValueError) -> str:
-  """Why JSON that parses cannot be read: nested too deep for Python's recursion limit
-  (RecursionError), or an integer past Python's digit limit (the ValueError json raises)."""
-  if isinstance(error, RecursionError):
-    return "nested too deep to read (arrays or objects within each other)"
-  limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
-  return f"a number with too many digits to read (more than {limit})"
-
-
-# A byte that is not UTF-8, as decoding with errors="surrogateescape" keeps it.
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
-_JSON_SPACE = re.compile(r"[ \t\n\r]*")
-# A string, a bracket, a comma, or a run of anything else: enough to find where an element
-# of a JSON array ends without decoding it.
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]|[^"\[\]{},]+')
-
-
-def _line_col(text: str, pos: int) -> str:
-  """Where character `pos` of `text` is: "at line L, column C" (both 1-based)."""
-  line, column = text.count("\n", 0, pos) + 1, pos - text.rfind("\n", 0, pos)
-  return f"at line {line}, column {column}"
-
-
-def _element_end(text: str, pos: int) -> int:
-  """Where the array element starting at `pos` ends (its "," or the array's "]"), found by
-  counting brackets, not by decoding: an element nested too deep to decode has an end too."""
-  depth = 0
-  for token in _JSON_TOKEN.finditer(text, pos):
-    t = token.group()
-    if t in "[{":
-      depth += 1
-    elif t in "]}," and depth == 0:
-      return token.start()
-    elif t in "]}":
-      depth -= 1
-  return len(text)
-
-
-def _array_spans(text: str) -> list[tuple[int, int]]:
-  """(start, end) of each element of `text`, a JSON array (raises ValueError if not one)."""
-  pos, spans = _JSON_SPACE.match(text).end(), []
-  if not text.startswith("[", pos):
-    raise ValueError("not an array")
-  pos = _JSON_SPACE.match(text, pos + 1).end()
-  if text.startswith("]", pos):
-    return spans
-  while pos < len(text):
-    end = _element_end(text, pos)
-    spans.append((pos, end))
-    if text.startswith("]", end):
-      return spans
-    pos = _JSON_SPACE.match(text, end + 1).end()
-  raise ValueError("unterminated array")
-
-
-def _json_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
-  """(array index, object, error). An element with bytes that are not UTF-8 inside a string
-  (named with the byte's line and column), nested too deep or with a number too long to read
-  is a bad row; any other invalid JSON, or a file that is not an array, is a bad file."""
-  with open(path, encoding="utf-8", errors="surrogateescape") as f:
-    text = f.read()
-  try:
-    data = json.loads(text)
-  except json.JSONDecodeError as e:
-    bad = _ESCAPED_BYTE.match(text, e.pos)
-    why = _bad_utf8(ord(bad.group()) - 0xDC00) if bad else e.msg
-    raise DatasetError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {why}") from e
-  except (RecursionError, ValueError):
-    data = None  # an element json cannot read: decode element by element below
-  if data is not None and not isinstance(data, list):
-    raise DatasetError(f"{path}: expected a JSON array of objects, got {type(data).__name__}")
-  if data is not None and not _ESCAPED_BYTE.search(text):
-    yield from ((i, row, None) for i, row in enumerate(data))
-    return
-  try:
-    spans = _array_spans(text)
-  except ValueError:
-    raise DatasetError(f"{path}: expected a JSON array of objects") from None
-  for i, (start, end) in enumerate(spans):
-    bad = _ESCAPED_BYTE.search(text, start, end)
-    if bad:
-      yield i, None, _bad_utf8(ord(bad.group()) - 0xDC00, _line_col(text, bad.start()))
-    elif data is not None:
-      yield i, data[i], None
-    else:
-      yield (i, *_decode_element(path, text, start, end))
-
-
-def _decode_element(path: str, text: str, start: int, end: int) -> tuple[Any, str | None]:
-  """(object, None) or (None, why it cannot be read) for the array element text[start:end]."""
-  try:
-    row, stop = json.JSONDecoder().raw_decode(text, start)
-  except json.JSONDecodeError as e:
-    raise DatasetError(f"{path}: invalid JSON {_line_col(text, e.pos)}: {e.msg}") from e
-  except (RecursionError, ValueError) as e:
-    return None, _unreadable(e)
-  if _JSON_SPACE.match(text, stop).end() != end:
-    raise DatasetError(f"{path}: invalid JSON {_line_col(text, stop)}: expected ',' or ']'")
-  return row, None
-
-
-_PARQUET_CHUNK = 1024
-
-
-def _parquet_rows(path: str) -> Iterator[tuple[int, Any, str | None]]:
-  """(row number, object, error). A string cell that is not UTF-8 makes its row bad
-  (named with its column); the other rows of its chunk are converted one at a time.
-  Nesting is the schema's, the same for every row: too deep (parquet reads at most 100
-  levels) makes the file bad."""
-  import pyarrow as pa  # only parquet readers pay for the import
-  import pyarrow.parquet as pq
-
-  try:
-    table = pq.read_table(path)
-  except (FileNotFoundError, PermissionError):
-    raise
-  except (OSError, pa.ArrowException) as e:  # not parquet, cut short, a schema nested too deep
-    why = str(e).removeprefix(f"Could not open Parquet input source '{path}': ")
-    raise DatasetError(f"{path}: not a parquet file that can be read ({why})") from e
-  for start in range(0, table.num_rows, _PARQUET_CHUNK):
-    chunk = table.slice(start, _PARQUET_CHUNK)
-    try:
-      rows = chunk.to_pylist()
-    except UnicodeDecodeError:
-      rows = None
-    for i in range(chunk.num_rows):
-      if rows is not None:
-        yield start + i, rows[i], None
-        continue
-      one = chunk.slice(i, 1)
-      try:
-        row, error = one.to_pylist()[0], None
-      except UnicodeDecodeError:
-        row, error = None, _parquet_bad_cell(one)
-      yield start + i, row, error
-
-
-def _parquet_bad_cell(row) -> str:
-  for name in row.column_names:
-    try:
-      row.column(name).to_pylist()
-    except UnicodeDecodeError as e:
-      return _bad_utf8(e.object[e.start], f"in column {name!r}")
-  return "not valid UTF-8"
-
-
-_READERS = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
 
 
 # ------------------------------------------------------------------ fields
@@ -392,7 +203,9 @@ def _to_example(
 
 
 def _summary(path: str, bad_rows: Sequence[tuple[int, str]]) -> str:
-  shown = "; ".join(f"{row_label(path, i)}: {reason}" for i, reason in bad_rows[:_SHOWN_BAD_ROWS])
+  shown = "; ".join(
+    f"{raw_rows.row_label(path, i)}: {reason}" for i, reason in bad_rows[:_SHOWN_BAD_ROWS]
+  )
   more = f"; ... {len(bad_rows) - _SHOWN_BAD_ROWS} more" if len(bad_rows) > _SHOWN_BAD_ROWS else ""
   return shown + more
 
@@ -412,7 +225,7 @@ def read_dataset(
   problem or answer, a NaN or infinite answer, an unparseable JSON line, bytes
   that are not UTF-8, a lone surrogate, nesting too deep or a number too long to read
   is skipped and listed in `bad_rows` (on_bad_row="skip"), or
-  raises DatasetError naming the file and the row (on_bad_row="error"), e.g.
+  raises raw_rows.DatasetError naming the file and the row (on_bad_row="error"), e.g.
   "set.jsonl: line 4 (row index 3): invalid JSON (...)".
   limit: stop after this many valid examples.
   """
@@ -421,28 +234,30 @@ def read_dataset(
   if limit is not None and limit < 1:
     raise ValueError(f"limit: must be a positive number of examples, got {limit}")
   ext = os.path.splitext(path)[1].lower()
-  if ext not in _READERS:
-    raise DatasetError(f"{path}: unsupported extension {ext!r}; expected one of {sorted(_READERS)}")
+  if ext not in raw_rows._READERS:
+    raise raw_rows.DatasetError(
+      f"{path}: unsupported extension {ext!r}; expected one of {sorted(raw_rows._READERS)}"
+    )
   problem_fields = (problem_field,) if problem_field else PROBLEM_FIELDS
   answer_fields = (answer_field,) if answer_field else ANSWER_FIELDS
   default_source = os.path.splitext(os.path.basename(path))[0]
   examples, bad_rows, num_rows = [], [], 0
-  for index, row, error in _READERS[ext](path):
+  for index, row, error in raw_rows._READERS[ext](path):
     num_rows += 1
     try:
       result = error or _to_example(row, index, problem_fields, answer_fields, default_source, path)
     except RecursionError as e:  # an answer nested almost too deep to decode, to encode
-      result = _unreadable(e)
+      result = raw_rows._unreadable(e)
     if isinstance(result, Example):
       examples.append(result)
       if limit is not None and len(examples) >= limit:
         break
       continue
     if on_bad_row == "error":
-      raise DatasetError(f"{path}: {row_label(path, index)}: {result}")
+      raise raw_rows.DatasetError(f"{path}: {raw_rows.row_label(path, index)}: {result}")
     bad_rows.append((index, result))
   if not examples:
-    raise DatasetError(
+    raise raw_rows.DatasetError(
       f"{path}: no valid row among {num_rows} rows"
       + (f"; {_summary(path, bad_rows)}" if bad_rows else "")
     )

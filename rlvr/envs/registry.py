@@ -43,7 +43,7 @@ def for_run(cfg: EnvConfig, tokenizer) -> Episodes:
   processes, every process takes process 0's observations (one allgather per turn)."""
   agree = None
   if jax.process_count() > 1:
-    from rlvr.sampling import split
+    from rlvr.parallel import distributed
 
-    agree = split.agreed(lambda rows: rows)
+    agree = distributed.agreed(lambda rows: rows)
   return episodes_for(cfg, make(cfg), tokenizer, agree)

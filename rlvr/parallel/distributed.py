@@ -1,8 +1,10 @@
-"""Multi-host set-up and global batches from per-process data."""
+"""Multi-host set-up, global batches from per-process data, and host-side agreement
+between processes (`HostChannel`, `agreed`)."""
 
 from __future__ import annotations
 
 import os
+import pickle
 
 import jax
 import numpy as np
@@ -106,3 +108,66 @@ def global_batch(local_tree, mesh, rules=None):
     return jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, x.ndim, rules), x)
 
   return jax.tree.map(put, local_tree)
+
+
+_CHUNK = 1 << 20  # bytes per key-value entry
+_WAIT_MS = 2 * 3600 * 1000  # a dead peer ends the run sooner (distributed's heartbeat)
+
+
+class HostChannel:
+  """All-gather of bytes between processes through `jax.distributed`'s key-value store.
+
+  Host-side messages to the coordinator, no device collective: a gather may run in a
+  worker thread while the learner's jitted update runs its own collectives (a device
+  all-gather there could interleave differently on different processes). Calls are
+  numbered; every process makes the same calls in the same order. A process deletes
+  its entries of call c - 1 once it has read everyone's entries of call c (each peer
+  finished reading c - 1 before writing c).
+  """
+
+  _count = 0
+
+  def __init__(self):
+    self.name = f"rlvr/split{HostChannel._count}"
+    HostChannel._count += 1
+    self.calls = 0
+
+  def allgather(self, data: bytes) -> list[bytes]:
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    me, call = jax.process_index(), self.calls
+    self.calls += 1
+    key = lambda c, p, k: f"{self.name}/{c}/{p}/{k}"
+    chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
+    for k, chunk in enumerate(chunks):
+      client.key_value_set_bytes(key(call, me, k), chunk)
+    client.key_value_set(key(call, me, "n"), str(len(chunks)))
+    out = []
+    for p in range(jax.process_count()):
+      n = int(client.blocking_key_value_get(key(call, p, "n"), _WAIT_MS))
+      out.append(
+        b"".join(client.blocking_key_value_get_bytes(key(call, p, k), _WAIT_MS) for k in range(n))
+      )
+    if call:
+      prev = int(client.blocking_key_value_get(key(call - 1, me, "n"), _WAIT_MS))
+      for k in [*range(prev), "n"]:
+        client.key_value_delete(key(call - 1, me, k))
+    return out
+
+
+def agreed(fn):
+  """`fn` over several processes: each process calls it, and every one returns process 0's
+  result (through a `HostChannel`). A host-side answer that can differ between processes,
+  such as a verdict that timed out under load on one host only, then cannot make their
+  batches, and so their programs and collectives, differ. One process: `fn` itself."""
+  if jax.process_count() == 1:
+    return fn
+  channel = HostChannel()
+
+  def call(*args, **kwargs):
+    out = fn(*args, **kwargs)
+    mine = pickle.dumps(out) if jax.process_index() == 0 else b""
+    return pickle.loads(channel.allgather(mine)[0])
+
+  return call

@@ -23,7 +23,7 @@ starts again. The conditions (docs/health.md says what each means and what to tr
 A trend compares the mean of the last `window` steps with the mean of the run's first
 `window` (none fires before 2 x window steps), a spike one step with the median of the
 `window` steps before it, a streak counts `streak` steps in a row; the thresholds are the
-run's `health` section (`rlvr.run.experiment.HealthConfig`). `announce` turns a step's warnings into what a
+run's `health` section (`rlvr.run.sections.HealthConfig`). `announce` turns a step's warnings into what a
 user sees: a logged line "health: step 7: ...", a metric health_<name> = 1 at that step and
 a tracker alert; `replay` gives the warnings of a whole metrics.jsonl (summary.json).
 """
@@ -75,7 +75,7 @@ def _mean(xs) -> float:
 class Monitor:
   """The health of one run, one step at a time.
 
-  cfg: the run's `health` section (`rlvr.run.experiment.HealthConfig`). custom_reward: the
+  cfg: the run's `health` section (`rlvr.run.sections.HealthConfig`). custom_reward: the
   reward is more than the verifier's verdict (shaping, or a reward of the user's), so that
   reward_mean can rise on its own. format_bonus: shaping.format_bonus, which turns the
   `shaping_format` metric into the share of well-formed responses (0: no such metric).

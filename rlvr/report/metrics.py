@@ -55,7 +55,7 @@ class WandbTracker:
   """
 
   def __init__(self, cfg, workdir: str, config: Mapping[str, Any] | None = None):
-    """cfg: the `logging` section (`rlvr.run.experiment.LoggingConfig`); config: the run's."""
+    """cfg: the `logging` section (`rlvr.run.sections.LoggingConfig`); config: the run's."""
     wandb = import_wandb()
     self.run = wandb.init(
       project=cfg.wandb_project,
@@ -130,7 +130,7 @@ def _drop_tensorboard_steps(logdir: str, step: int) -> None:
 
 class MetricsWriter:
   """Appends one JSON object per step to metrics.jsonl and mirrors scalars to TensorBoard,
-  and to wandb with `logging.wandb` (`logging`: the run's `rlvr.run.experiment.LoggingConfig`;
+  and to wandb with `logging.wandb` (`logging`: the run's `rlvr.run.sections.LoggingConfig`;
   `config`: what the wandb run records as its config).
 
   Reopening an existing file after a resume drops rows at or past `resume_step`

@@ -1,20 +1,18 @@
 """The hang-proof reward process pool: `RewardPool` and `score`.
 
-Workers start from a forkserver with math-verify imported (nothing is forked
-from a parent that holds JAX). They run math-verify's judge (`RewardPool.score`)
-and any other picklable task (`RewardPool.run`: the user's reward functions,
-`rlvr.rewards.custom`). Each item is reported as it finishes, so an item that
-overruns its time (or kills its worker) is pinned exactly: the worker and every
+Workers (`rlvr.rewards.pool_worker`) start from a forkserver with math-verify imported
+(nothing is forked from a parent that holds JAX). They run math-verify's judge
+(`RewardPool.score`) and any other picklable task (`RewardPool.run`: the user's reward
+functions, `rlvr.rewards.custom_caller`). Each item is reported as it finishes, so an item
+that overruns its time (or kills its worker) is pinned exactly: the worker and every
 process it forked are killed, a fresh worker takes its slot, the item is marked
-(`TIMED_OUT`, `DIED`) and the rest of its chunk is re-queued. Workers end with the
-process that made the pool, kill -9 included.
+(`TIMED_OUT`, `DIED`) and the rest of its chunk is re-queued.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib
 import logging
 import math
 import multiprocessing
@@ -31,13 +29,9 @@ import numpy as np
 from rlvr.rewards.config import RewardConfig, ScoreResult
 from rlvr.rewards.equivalence import _quick_verdict, is_equivalent, is_well_formed
 from rlvr.rewards.extraction import extract_answer
+from rlvr.rewards.pool_worker import _ERROR, _RIGHT, _TIMEOUT, DIED, TIMED_OUT, _Judge, _worker_main
 
 _LOG = logging.getLogger(__name__)
-# Worker -> parent status codes of math-verify's judge.
-_WRONG, _RIGHT, _TIMEOUT, _ERROR = 0, 1, 2, 3
-# What `RewardPool.run` gives for an item that overran its time, or whose worker ended (or
-# whose task raised, or returned what cannot be sent back).
-TIMED_OUT, DIED = "timed out", "died"
 # A worker gets this long to import math-verify (spawn start, loaded machine) before its first item.
 _STARTUP_LIMIT_S = 120.0
 
@@ -60,85 +54,6 @@ def _check_inputs(responses: Sequence[str], answers: Sequence) -> list[str]:
       raise ValueError(f"answers[{i}]: empty reference answer")
     golds.append(a)
   return golds
-
-
-def _worker_main(conn, preload: Sequence[str] = (), sys_path: Sequence[str] = ()) -> None:
-  """Worker loop: receive (task, [(key, payload)]), answer (key, task(payload)) per item.
-
-  One message per item lets the parent see which item is running, so a hang
-  is pinned on the right item and the rest of the chunk is re-queued. The worker
-  leads a process group of its own: whatever a task forks is killed with it.
-  """
-  signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-  os.setpgid(0, 0)
-  _exit_with_parent()
-  # Timeouts come back as counts in ScoreResult; math-verify's per-item warnings would flood logs.
-  logging.getLogger("math_verify").setLevel(logging.ERROR)
-  import math_verify  # noqa: F401 - imported before "ready", so no item pays for it
-
-  if sys_path:
-    sys.path[:] = list(sys_path)  # the parent's, as it is when the worker starts
-  for module in preload:  # the tasks' modules (a user's reward module), imported once here
-    try:
-      importlib.import_module(module)
-    except BaseException:  # noqa: BLE001 - the task that needs it says why
-      pass
-  me = os.getpid()
-  conn.send(None)  # started: later deaths are the items' doing
-  while True:
-    try:
-      msg = conn.recv()
-    except (EOFError, OSError):
-      return
-    if msg is None:
-      return
-    task, items = msg
-    for key, payload in items:
-      try:
-        result = task(payload)
-      except BaseException:  # noqa: BLE001 - SystemExit too: a task never ends the worker
-        result = DIED
-      if os.getpid() != me:  # a process the task forked returns here: it must not answer
-        os._exit(0)
-      try:
-        conn.send((key, result))
-      except (EOFError, OSError):
-        return
-      except Exception:  # noqa: BLE001 - a result that cannot be pickled
-        conn.send((key, DIED))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Judge:
-  """math-verify's task: (pred, gold) -> _RIGHT, _WRONG, _TIMEOUT or _ERROR."""
-
-  judge: Callable
-  integer_answers: bool
-  timeout_s: float
-
-  def __call__(self, item: tuple[str, str]) -> int:
-    pred, gold = item
-    start = time.monotonic()
-    try:
-      status = _RIGHT if self.judge(pred, gold, self.integer_answers, self.timeout_s) else _WRONG
-    except Exception:  # noqa: BLE001 - any failure of one answer scores it 0
-      status = _ERROR
-    if status == _WRONG and time.monotonic() - start >= self.timeout_s:
-      status = _TIMEOUT  # math-verify's own alarm cut it short
-    return status
-
-
-def _exit_with_parent() -> None:
-  """Kills this worker once the process that started it has ended, however it ended (a
-  daemonic worker is ended only by a parent that exits normally, and one busy with an item
-  never reads its pipe's end): a thread waits on the parent's sentinel."""
-  sentinel = multiprocessing.parent_process().sentinel
-
-  def watch():
-    multiprocessing.connection.wait([sentinel])
-    os.killpg(0, signal.SIGKILL)  # this worker and whatever its tasks forked
-
-  threading.Thread(target=watch, name="rlvr-parent-watch", daemon=True).start()
 
 
 @dataclasses.dataclass

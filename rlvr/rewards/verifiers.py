@@ -31,7 +31,7 @@ import logging
 from typing import Callable, Iterator, Protocol, Sequence
 
 from rlvr.rewards import code as code_lib
-from rlvr.rewards import custom
+from rlvr.rewards import custom, custom_caller
 from rlvr.rewards.config import RewardConfig
 from rlvr.rewards.equivalence import is_well_formed
 from rlvr.rewards.extraction import extract_answer
@@ -169,18 +169,18 @@ class CodeVerifier:
 class FunctionVerifier:
   """The user's score functions (`rlvr.rewards.custom`): their weighted sum, correct where > 0.
 
-  The functions run in the reward pool's worker processes (`custom.Caller`), each call
+  The functions run in the reward pool's worker processes (`custom_caller.Caller`), each call
   bounded by `cfg.fn_timeout_s`, on every batch the loop scores, with the responses, their
   reference answers and their problem statements ("" where a caller gives none). Whatever
-  one does wrong scores the responses concerned 0 with a verdict of `custom.VERDICTS`
+  one does wrong scores the responses concerned 0 with a verdict of `custom_caller.VERDICTS`
   (counted in `verdict_<reason>`, and per function in `verdict_<reason>_<function>` when
   there are several; evaluation notes it per response); a reward whose functions all fail
-  on a whole call ends the run (`custom.RewardFunctionError`). `well_formed` is the math
+  on a whole call ends the run (`custom_caller.RewardFunctionError`). `well_formed` is the math
   domain's (a final answer in `cfg.extraction` form): what a format bonus rewards; a
   Verifier factory decides otherwise."""
 
   cfg: RewardConfig
-  caller: custom.Caller
+  caller: custom_caller.Caller
   # problem statement -> the other columns of its data row, from the sets `check_answers`
   # saw: what TRL's keyword columns and verl's data_source / extra_info come from
   columns: dict = dataclasses.field(default_factory=dict)
@@ -192,7 +192,7 @@ class FunctionVerifier:
 
   def score(self, texts, golds, prompts=None):
     rewards, verdicts, info, by_fn = self._call(texts, golds, prompts)
-    counts = {v: verdicts.count(v) for v in custom.VERDICTS}
+    counts = {v: verdicts.count(v) for v in custom_caller.VERDICTS}
     return Scored(rewards, rewards > 0, {**counts, **by_fn}, info)
 
   def judge(self, texts, golds, prompts=None):
@@ -224,7 +224,7 @@ def _custom(cfg: RewardConfig, workers: int) -> Iterator[Verifier]:
   if isinstance(obj, list):
     modules = list(dict.fromkeys(sf.name.split(":", 1)[0] for sf in obj))
     with RewardPool(workers=workers, timeout_s=cfg.timeout_s, preload=modules) as pool:
-      yield FunctionVerifier(cfg, custom.Caller(obj, pool, cfg.fn_timeout_s))
+      yield FunctionVerifier(cfg, custom_caller.Caller(obj, pool, cfg.fn_timeout_s))
     return
   try:
     made = obj(cfg)
@@ -259,6 +259,27 @@ VERIFIERS: dict[str, Callable[[RewardConfig, int], contextlib.AbstractContextMan
   "math": _math,
   "code": _code,
 }
+
+
+class Agreed:
+  """A verifier over several processes: every process takes process 0's verdicts, through
+  `agree` (`parallel.distributed.agreed`: fn -> fn returning process 0's result). Each host
+  judges on its own, and a verdict that timed out under load on one host only would
+  otherwise give the hosts different rewards, so different batches, and programs whose
+  collectives no longer match."""
+
+  def __init__(self, inner, agree: Callable):
+    self.inner, self.agree, self._eval = inner, agree, None
+    self.score, self.judge = agree(inner.score), agree(inner.judge)
+
+  def __getattr__(self, name):  # well_formed, check_answers, ...: the verifier's own
+    return getattr(self.inner, name)
+
+  def for_eval(self) -> Agreed:
+    if self._eval is None:
+      inner = self.inner.for_eval()
+      self._eval = self if inner is self.inner else Agreed(inner, self.agree)
+    return self._eval
 
 
 def open_verifier(cfg: RewardConfig, workers: int = 2) -> contextlib.AbstractContextManager:

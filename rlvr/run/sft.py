@@ -193,11 +193,11 @@ def train_sft(
 def reuse(init_from: str, model_dir: str) -> str:
   """The finished SFT model `init_from` names (`sft.init_from`): a run's work dir, its sft/
   dir, or the sft/model/ dir itself, which must verify against its manifest (every file of
-  the folder listed, `checkpoint.verify`) and be an SFT of the run's model `model_dir`
-  (`check_fits`); else a one-line ValueError naming the field."""
+  the folder listed, `checkpoint_integrity.verify`) and be an SFT of the run's model
+  `model_dir` (`check_fits`); else a one-line ValueError naming the field."""
   import os
 
-  from rlvr.run import checkpoint
+  from rlvr.run import checkpoint_integrity
 
   tried = [os.path.join(init_from, "sft", "model"), os.path.join(init_from, "model"), init_from]
   found = next((d for d in tried if os.path.isfile(os.path.join(d, "config.json"))), None)
@@ -206,7 +206,7 @@ def reuse(init_from: str, model_dir: str) -> str:
       f"sft.init_from: no finished SFT model in {init_from!r} (looked for config.json in "
       f"{', '.join(tried)})"
     )
-  problem = checkpoint.verify(found)
+  problem = checkpoint_integrity.verify(found)
   if problem is not None:
     raise ValueError(f"sft.init_from: {found} does not verify: {problem.file}: {problem.detail}")
   check_fits(found, model_dir)
@@ -273,8 +273,8 @@ def _tokenizer_difference(found: str, model_dir: str) -> str:
 
 def _verified(workdir: str, out_dir: str) -> bool:
   """Whether a finished SFT phase left `out_dir` whole: its manifest lists every file of the
-  folder, each there with its size and checksum (`checkpoint.verify`). One that does not
-  verify, or has no manifest (an rlvr without checksums wrote it), is moved to
+  folder, each there with its size and checksum (`checkpoint_integrity.verify`). One that
+  does not verify, or has no manifest (an rlvr without checksums wrote it), is moved to
   `workdir`/corrupt/model-<reason> with one line saying why, and SFT runs again.
   Process 0 checks and moves; every process gets its answer."""
   import os
@@ -283,14 +283,14 @@ def _verified(workdir: str, out_dir: str) -> bool:
   import jax
 
   from rlvr.parallel import distributed
-  from rlvr.run import checkpoint
+  from rlvr.run import checkpoint_integrity
 
   ok = False
   if distributed.is_writer() and os.path.isdir(out_dir):
-    problem = checkpoint.verify(out_dir)
+    problem = checkpoint_integrity.verify(out_dir)
     ok = problem is None
     if not ok:
-      dest = checkpoint.move_aside(workdir, "model", problem)
+      dest = checkpoint_integrity.move_aside(workdir, "model", problem)
       print(
         f"SFT: {out_dir} does not verify: {problem.file}: {problem.detail}; moved to {dest}; "
         "training it again",

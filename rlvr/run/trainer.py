@@ -31,13 +31,12 @@ from rlvr.parallel import distributed
 from rlvr.report import health, samples_log
 from rlvr.report import metrics as metrics_lib
 from rlvr.rewards import preflight
-from rlvr.rewards.verifiers import open_verifier
+from rlvr.rewards.verifiers import Agreed, open_verifier
 from rlvr.rollout import buffer_file
 from rlvr.run import checkpoint, evaluation, experiment, interrupt, outcome, sft
 from rlvr.run import workdir as workdir_lib
 from rlvr.run.workdir import Run
 from rlvr.sampling import build as sampler_build
-from rlvr.sampling import split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,26 +56,6 @@ class Resume:
     state = meta["method"] if "method" in meta else {"data": meta["data"]}  # older layout
     ahead = meta.get("ahead_step")
     return cls(int(meta["step"]), state, None if ahead is None else int(ahead))
-
-
-class Agreed:
-  """A verifier over several processes: every process takes process 0's verdicts
-  (`split.agreed`). Each host judges on its own, and a verdict that timed out under load on
-  one host only would otherwise give the hosts different rewards, so different batches,
-  and different programs whose collectives no longer match."""
-
-  def __init__(self, inner):
-    self.inner, self._eval = inner, None
-    self.score, self.judge = split.agreed(inner.score), split.agreed(inner.judge)
-
-  def __getattr__(self, name):  # well_formed, check_answers, ...: the verifier's own
-    return getattr(self.inner, name)
-
-  def for_eval(self) -> Agreed:
-    if self._eval is None:
-      inner = self.inner.for_eval()
-      self._eval = self if inner is self.inner else Agreed(inner)
-    return self._eval
 
 
 @dataclasses.dataclass
@@ -116,8 +95,8 @@ class Trainer:
     stack = contextlib.ExitStack()
     with stack:
       verifier = stack.enter_context(open_verifier(s.reward, s.reward_workers))
-      if jax.process_count() > 1:
-        verifier = Agreed(verifier)
+      if jax.process_count() > 1:  # every process takes process 0's verdicts
+        verifier = Agreed(verifier, distributed.agreed)
       verifier.check_answers(r.data.train, "data.train_path")
       for name, exs in r.data.evals.items():
         verifier.check_answers(exs, f"eval set {name}")

@@ -20,9 +20,10 @@ from rlvr import model as model_lib
 from rlvr.common import fileio, settings
 from rlvr.data import datasets
 from rlvr.data.prompts import format_prompt
-from rlvr.model import gguf_io, hub
+from rlvr.model import gguf_cache, hub
 from rlvr.parallel import distributed, sharding
 from rlvr.run import experiment
+from rlvr.run.sections import EvalSection, ModelSource, SFTConfig
 
 
 def json_file(path, obj=None):
@@ -85,13 +86,13 @@ def resolve_model(path: str, field: str, cache: str = "") -> str:
   """The HF dir of a model path as users write it: a GGUF file or the short name of one,
   converted once into the model cache (`cache`: as model.cache_dir), else an HF dir or a
   hub id (`hub.resolve`). A bad path or file is one line naming `field`."""
-  gguf = gguf_io.locate(os.path.expanduser(path), field)
+  gguf = gguf_cache.locate(os.path.expanduser(path), field)
   if gguf is not None:
-    return gguf_io.cached(gguf, cache_dir(cache), field)
+    return gguf_cache.cached(gguf, cache_dir(cache), field)
   return hub.resolve(path, field)
 
 
-def prepare_model(m: experiment.ModelSource) -> str:
+def prepare_model(m: ModelSource) -> str:
   """The HF dir to start from: `model.path` (a GGUF file or short name of one is converted
   once into the model cache), or a cached `make_tiny` build (a line names the cache, which
   is outside the work dir)."""
@@ -170,9 +171,9 @@ def _defaults() -> dict:
   """Every phase setting at its default: a field a record predates ran at its default."""
   sections = {
     "data.": datasets.DataConfig,
-    "model.": experiment.ModelSource,
-    "sft.": experiment.SFTConfig,
-    "eval.": experiment.EvalSection,
+    "model.": ModelSource,
+    "sft.": SFTConfig,
+    "eval.": EvalSection,
     "env.": envs.EnvConfig,
   }
   out = {}

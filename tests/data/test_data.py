@@ -14,7 +14,8 @@ import tiny_run
 from paths import REPO as REPO_ROOT
 
 from rlvr.data import prompts
-from rlvr.data.readers import DatasetError, read_dataset
+from rlvr.data.raw_rows import DatasetError
+from rlvr.data.readers import read_dataset
 from rlvr.data.stream import DataStream
 
 TEST_DATA = os.path.join(REPO_ROOT, "tests", "fixtures")  # slices of the public sets (README there)

@@ -12,7 +12,7 @@ import pytest
 import tiny_run
 
 from rlvr.data.tasks import arithmetic
-from rlvr.run import checkpoint
+from rlvr.run import checkpoint_integrity
 
 DEEP = "[" * 5000 + "]" * 5000
 # Hostile rows of the training file, by 0-based line, and how the run names each.
@@ -106,7 +106,7 @@ def test_hostile_rows_are_named_and_a_corrupt_sft_model_is_trained_again(tmp_pat
   ) in again.stderr, again.stdout[-3000:]
   assert "SFT: done before, reusing" not in again.stdout
   # Trained again from the same data and seed: the same weights, and they verify.
-  assert checkpoint.verify(model) is None and _blake2b(weights) == trained
+  assert checkpoint_integrity.verify(model) is None and _blake2b(weights) == trained
   assert os.path.isdir(aside)
 
   # Another run starts from this finished SFT (sft.init_from) instead of training its own,

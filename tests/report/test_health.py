@@ -18,7 +18,7 @@ import tiny_run
 from rlvr.common import settings
 from rlvr.report import health, metrics
 from rlvr.rollout import stats
-from rlvr.run import experiment
+from rlvr.run import experiment, sections
 
 offline = test_tracking.offline  # wandb in offline mode (fixture)
 
@@ -55,7 +55,7 @@ def _rows(n: int, **changes) -> list[dict]:
 
 def _fired(rows, custom_reward: bool = True, format_bonus: float = 0.0, **cfg) -> dict:
   """name -> the steps its warnings started at, feeding `rows` one step at a time."""
-  monitor = health.Monitor(experiment.HealthConfig(**cfg), custom_reward, format_bonus)
+  monitor = health.Monitor(sections.HealthConfig(**cfg), custom_reward, format_bonus)
   for row in rows:
     for w in monitor.observe(row["step"], row):
       assert w.step == row["step"]
@@ -74,7 +74,7 @@ def test_length_and_reward_warn_where_they_start_once_per_episode():
   assert _fired(rows, window=3) == {"length_explodes": [7, 19], "reward_without_correctness": [6]}
   # the verifier's own reward is correctness: only the length
   assert _fired(rows, custom_reward=False, window=3) == {"length_explodes": [7, 19]}
-  monitor = health.Monitor(experiment.HealthConfig(window=3))
+  monitor = health.Monitor(sections.HealthConfig(window=3))
   said = [w.message for row in rows for w in monitor.observe(row["step"], row)]
   assert said[0].startswith("reward_mean rose 0.3 -> 0.467 while accuracy stayed flat (0.30 ")
   assert "the reward pays for something other than correct answers" in said[0]
@@ -108,7 +108,7 @@ def test_reward_rising_while_held_out_pass_at_1_falls():
   rows = _rows(15, reward_mean=rising, accuracy=rising)
   for step, value in ((4, 0.5), (9, 0.3), (14, 0.2)):
     rows[step].update({"math_pass@1": value, "aime_pass@1": value, "math_pass@4": 0.9})
-  monitor = health.Monitor(experiment.HealthConfig(window=3))
+  monitor = health.Monitor(sections.HealthConfig(window=3))
   fired = [w for row in rows for w in monitor.observe(row["step"], row)]
   assert [(w.step, w.name) for w in fired] == [(9, "reward_without_correctness")]
   assert "while heldout_pass@1 fell (0.50 -> 0.30)" in fired[0].message
@@ -129,7 +129,7 @@ def test_reward_rising_while_held_out_pass_at_1_falls():
   ],
 )
 def test_each_condition_fires_at_its_step(changes, name, step, words):
-  monitor = health.Monitor(experiment.HealthConfig(window=3, streak=4))
+  monitor = health.Monitor(sections.HealthConfig(window=3, streak=4))
   fired = [w for row in _rows(12, **changes) for w in monitor.observe(row["step"], row)]
   assert [(w.step, w.name) for w in fired] == [(step, name)]
   assert words in fired[0].message, fired[0].message
@@ -137,7 +137,7 @@ def test_each_condition_fires_at_its_step(changes, name, step, words):
 
 def test_all_wrong_names_every_fix_and_spikes_warn_again_after_clearing():
   rows = _rows(12, solve_none={0: 1.0})
-  monitor = health.Monitor(experiment.HealthConfig(streak=4))
+  monitor = health.Monitor(sections.HealthConfig(streak=4))
   fired = [w for row in rows for w in monitor.observe(row["step"], row)]
   assert [(w.step, w.name) for w in fired] == [(3, "all_wrong")]  # one episode, 12 steps
   for fix in ("rl.loop.group_size", "rl.loop.temperature", "easier problems", "sft.steps"):
@@ -149,7 +149,7 @@ def test_all_wrong_names_every_fix_and_spikes_warn_again_after_clearing():
 def test_format_only_from_the_shaping_bonus_metric():
   """shaping.format_bonus 0.1: shaping_format 0.01 -> 0.09 is 10% -> 90% well-formed."""
   rows = _rows(12, shaping_format={0: 0.01, 6: 0.09}, accuracy={0: 0.0}, reward_mean={0: 0.0})
-  monitor = health.Monitor(experiment.HealthConfig(window=3), format_bonus=0.1)
+  monitor = health.Monitor(sections.HealthConfig(window=3), format_bonus=0.1)
   fired = [w for row in rows for w in monitor.observe(row["step"], row)]
   assert [(w.step, w.name) for w in fired] == [(6, "format_only")]
   assert fired[0].message.startswith("well-formed answers rose 10% -> 37% while accuracy ")
@@ -158,12 +158,12 @@ def test_format_only_from_the_shaping_bonus_metric():
 
 def test_a_resumed_monitor_goes_on_where_the_first_stopped():
   rows = _rows(24, response_len_mean={6: 300.0, 12: 100.0, 18: 300.0})
-  live = health.replay(health.Monitor(experiment.HealthConfig(window=3)), rows)
-  resumed = health.Monitor(experiment.HealthConfig(window=3))
+  live = health.replay(health.Monitor(sections.HealthConfig(window=3)), rows)
+  resumed = health.Monitor(sections.HealthConfig(window=3))
   health.replay(resumed, rows[:9])  # stopped after step 8, inside the first episode
   later = [w for row in rows[9:] for w in resumed.observe(row["step"], row)]
   assert [w.step for w in later] == [19] and resumed.warnings == live
-  off = health.Monitor(experiment.HealthConfig(enabled=False, window=3))
+  off = health.Monitor(sections.HealthConfig(enabled=False, window=3))
   assert health.replay(off, rows) == []
 
 
@@ -179,7 +179,7 @@ def test_a_warning_is_a_line_a_metric_and_an_alert(caplog):
 
 
 def test_the_alert_reaches_wandb(tmp_path, offline):
-  cfg = experiment.LoggingConfig(wandb=True, wandb_project="health-test")
+  cfg = sections.LoggingConfig(wandb=True, wandb_project="health-test")
   writer = metrics.MetricsWriter(str(tmp_path / "run"), resume_step=0, logging=cfg)
   writer.write(0, {"reward_mean": 0.5})
   writer.alert("health: length_explodes at step 7", "response_len_mean grew")
@@ -189,7 +189,7 @@ def test_the_alert_reaches_wandb(tmp_path, offline):
   assert [(a.title, a.text, a.level) for a in alerts] == [
     ("health: length_explodes at step 7", "response_len_mean grew", "WARN")
   ]
-  plain = metrics.MetricsWriter(str(tmp_path / "plain"), logging=experiment.LoggingConfig())
+  plain = metrics.MetricsWriter(str(tmp_path / "plain"), logging=sections.LoggingConfig())
   plain.alert("no tracker", "nothing happens")
   plain.close()
 
@@ -205,14 +205,14 @@ def test_repeated_3gram_frac_counts_exact_repeats():
 
 def test_health_section_defaults_and_bad_values():
   checked = experiment.check(tiny_run.config("tiny_rlvr", "--config.health.window=4"))
-  assert checked.health == experiment.HealthConfig(window=4)
+  assert checked.health == sections.HealthConfig(window=4)
   for field, value, said in (
     ("window", 0, "health.window / streak: must be >= 1"),
     ("entropy_ratio", 1.5, "health.entropy_ratio: must be in (0, 1]"),
     ("length_ratio", 1.0, "health.length_ratio / spike_factor / ratio_floor: must be > 1"),
   ):
     with pytest.raises(ValueError, match="^" + said.replace("(", r"\(").replace("]", r"\]")):
-      settings.frozen(experiment.HealthConfig, {field: value}, prefix="health.")
+      settings.frozen(sections.HealthConfig, {field: value}, prefix="health.")
 
 
 # ------------------------------------------------------------------ launch.train

@@ -103,11 +103,11 @@ def test_a_resumed_log_replaces_later_steps_and_a_failed_write_keeps_the_file(tm
 
 
 def test_sample_rows_go_to_tensorboard_text_and_a_wandb_table(tmp_path, offline):
-  from rlvr.run import experiment
+  from rlvr.run import sections
 
   rows = samples_log.records(3, [], [_group("1+1", "2", [1.0, 0.0], data_type="original")])
   rows[1]["response"] = "line one\nline two"
-  cfg = experiment.LoggingConfig(wandb=True, wandb_project="samples-test")
+  cfg = sections.LoggingConfig(wandb=True, wandb_project="samples-test")
   w = metrics.MetricsWriter(str(tmp_path / "run"), resume_step=0, logging=cfg)
   w.write_table(3, "samples", rows)
   test_tracking._close(w)

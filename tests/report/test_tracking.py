@@ -16,7 +16,7 @@ import run_output
 import tiny_run
 
 from rlvr.report import metrics
-from rlvr.run import experiment
+from rlvr.run import experiment, sections
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def _run_files(home) -> list[str]:
 
 def test_metrics_go_to_wandb_and_a_resumed_run_continues_it(tmp_path, offline):
   workdir = str(tmp_path / "run")
-  cfg = experiment.LoggingConfig(wandb=True, wandb_project="tracking-test", wandb_tags=("grpo",))
+  cfg = sections.LoggingConfig(wandb=True, wandb_project="tracking-test", wandb_tags=("grpo",))
   config = {"rl": {"steps": 4}, "seed": 0}
   w = metrics.MetricsWriter(workdir, resume_step=0, logging=cfg, config=config)
   for step in range(3):
@@ -138,11 +138,11 @@ def test_metrics_go_to_wandb_and_a_resumed_run_continues_it(tmp_path, offline):
 
 
 def test_processes_other_than_0_and_runs_without_wandb_start_no_wandb_run(tmp_path, offline):
-  cfg = experiment.LoggingConfig(wandb=True)
+  cfg = sections.LoggingConfig(wandb=True)
   w = metrics.MetricsWriter(str(tmp_path / "other"), logging=cfg, enabled=False)
   w.write(0, {"reward_mean": 1.0})
   w.close()
-  w = metrics.MetricsWriter(str(tmp_path / "plain"), logging=experiment.LoggingConfig())
+  w = metrics.MetricsWriter(str(tmp_path / "plain"), logging=sections.LoggingConfig())
   w.write(0, {"reward_mean": 1.0})
   w.close()
   assert _run_files(offline) == []
@@ -155,8 +155,8 @@ def _load(*overrides: str):
 
 
 def test_logging_section_defaults_and_overrides():
-  assert experiment.check(_load()).logging == experiment.LoggingConfig()
-  assert experiment.LoggingConfig().tensorboard and not experiment.LoggingConfig().wandb
+  assert experiment.check(_load()).logging == sections.LoggingConfig()
+  assert sections.LoggingConfig().tensorboard and not sections.LoggingConfig().wandb
   checked = experiment.check(
     _load(
       "--config.logging.wandb=True",
@@ -165,7 +165,7 @@ def test_logging_section_defaults_and_overrides():
       "--config.logging.tensorboard=False",
     )
   )
-  assert checked.logging == experiment.LoggingConfig(
+  assert checked.logging == sections.LoggingConfig(
     tensorboard=False, wandb=True, wandb_project="math", wandb_mode="offline"
   )
 

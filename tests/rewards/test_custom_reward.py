@@ -23,7 +23,7 @@ from step_context import step_context
 from rlvr import rollout
 from rlvr.common import settings
 from rlvr.data import chat_templates, datasets, prompts
-from rlvr.rewards import RewardConfig, custom
+from rlvr.rewards import RewardConfig, custom_caller
 from rlvr.rewards.verifiers import FunctionVerifier, open_verifier
 
 USER_REWARDS = '''
@@ -193,7 +193,7 @@ def test_the_function_gets_responses_answers_and_prompts_and_its_rewards_count(u
     assert rewards.dtype == np.float32
     assert rewards.tolist() == [1.0, -0.5, 1.0, 1.0] * 2  # math-verify: 13 = 13, 1/2 = 0.5
     assert correct.tolist() == [True, False, True, True] * 2  # correct: reward > 0
-    assert scored.counts == {v: 8 if v == "scored" else 0 for v in custom.VERDICTS}
+    assert scored.counts == {v: 8 if v == "scored" else 0 for v in custom_caller.VERDICTS}
     r, c, notes = v.judge(TEXTS[:2], GOLDS[:2])  # no prompts given: the function sees ""
     assert user.seen()[-1] == [TEXTS[:2], GOLDS[:2], ["", ""]]
     assert notes == [{"verdict": "scored"}] * 2 and r.tolist() == [1.0, -0.5]
@@ -202,7 +202,7 @@ def test_the_function_gets_responses_answers_and_prompts_and_its_rewards_count(u
 
 def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
   texts, golds = TEXTS, GOLDS
-  with caplog.at_level(logging.WARNING, logger="rlvr.rewards.custom"):
+  with caplog.at_level(logging.WARNING, logger="rlvr.rewards.custom_caller"):
     with _verifier("raises_on_fractions") as v:
       rewards, correct, notes = v.judge(texts, golds, PROBLEMS)
   # the batch raised: scored one response at a time, only the fractions fail
@@ -216,7 +216,7 @@ def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
   )
 
   caplog.clear()
-  with caplog.at_level(logging.WARNING, logger="rlvr.rewards.custom"):
+  with caplog.at_level(logging.WARNING, logger="rlvr.rewards.custom_caller"):
     with _verifier("some_not_numbers") as v:
       rewards, correct, notes = v.judge(texts, golds, PROBLEMS)
   # NaN, inf, a string, None and an int too large for a float score 0; True is 1.0
@@ -259,7 +259,7 @@ def test_a_function_that_fails_on_every_response_stops_the_run_naming_it(user):
     ("a_dict", "returned a dict for 8 responses"),
     ("compute_score_given_lists", "gave no finite number (response 0: [0.0, 0.0])"),
   ):
-    with pytest.raises(custom.RewardFunctionError) as e, _verifier(name) as v:
+    with pytest.raises(custom_caller.RewardFunctionError) as e, _verifier(name) as v:
       v.score(TEXTS, GOLDS, PROBLEMS)
     form = "verl" if name.startswith("compute_score") else "rlvr"
     assert str(e.value).startswith(
@@ -267,7 +267,7 @@ def test_a_function_that_fails_on_every_response_stops_the_run_naming_it(user):
       f"{why}; every reward would be 0, so the run stops. rlvr calls this {form}-form "
       "function as "
     ), str(e.value)
-  # fewer than custom.STOP_AT responses: verdicts, the run goes on
+  # fewer than custom_caller.STOP_AT responses: verdicts, the run goes on
   with _verifier("raises") as v:
     rewards, _ = scored = v.score(TEXTS[:3], GOLDS[:3], PROBLEMS[:3])
   assert rewards.tolist() == [0.0] * 3 and scored.counts["fn_raised"] == 3

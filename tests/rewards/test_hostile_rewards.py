@@ -21,7 +21,7 @@ from step_context import step_context
 
 from rlvr import rollout
 from rlvr.common import settings
-from rlvr.rewards import RewardConfig, custom
+from rlvr.rewards import RewardConfig, custom, custom_caller, custom_task
 from rlvr.rewards.verifiers import open_verifier
 
 HOSTILE = """
@@ -157,7 +157,7 @@ def test_a_hang_an_exit_and_an_endless_generator_are_verdicts_in_bounded_time(ho
     ("exits", "ended its reward worker process (an exit, a crash or a signal)"),
     ("endless", "returned more than 4 values for 4 responses"),
   ):
-    with pytest.raises(custom.RewardFunctionError) as e, _open(name) as v:
+    with pytest.raises(custom_caller.RewardFunctionError) as e, _open(name) as v:
       v.score(TEXTS, GOLDS, PROBLEMS)
     assert str(e.value).startswith(
       f"reward.domain: hostile:{name} failed on all 4 responses of a scoring call: {why}; "
@@ -175,7 +175,7 @@ def test_a_verl_function_that_hangs_costs_its_responses_not_every_response_a_tim
     "reward_info_" + "x" * custom.MAX_KEY,
   ]
   with _open("hangs_verl") as v:  # hangs on everything: the first calls tell, not all 8
-    with pytest.raises(custom.RewardFunctionError, match="the other 6 were not tried"):
+    with pytest.raises(custom_caller.RewardFunctionError, match="the other 6 were not tried"):
       v.score(TEXTS * 2, GOLDS * 2, PROBLEMS * 2)
 
 
@@ -238,7 +238,7 @@ def test_tensors_with_a_graph_are_values(hostile):
   with _open("grad_scalars", fn_timeout_s=120) as v:
     assert v.score(TEXTS, GOLDS, PROBLEMS)[0].tolist() == [0.5] * 4
   for value in (object(), "1", [1.0], float("nan"), 1e39):
-    assert custom._number(value) is None
+    assert custom_task._number(value) is None
 
 
 def test_weights_are_finite_and_names_distinct(hostile):

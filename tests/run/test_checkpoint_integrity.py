@@ -20,7 +20,7 @@ from paths import REPO
 
 from rlvr.model import decoder
 from rlvr.parallel import sharding
-from rlvr.run import checkpoint
+from rlvr.run import checkpoint, checkpoint_integrity
 
 MODEL = worker.MODEL
 LEARNER = worker.learner_config()
@@ -102,28 +102,34 @@ DAMAGE = {
     lambda d: _truncate(os.path.join(d, "meta", "metadata"), 20),
     "truncated",
   ),
-  "manifest_missing": (lambda d: os.remove(os.path.join(d, checkpoint.MANIFEST)), "unverified"),
-  "manifest_garbled": (lambda d: _truncate(os.path.join(d, checkpoint.MANIFEST), 30), "manifest"),
+  "manifest_missing": (
+    lambda d: os.remove(os.path.join(d, checkpoint_integrity.MANIFEST)),
+    "unverified",
+  ),
+  "manifest_garbled": (
+    lambda d: _truncate(os.path.join(d, checkpoint_integrity.MANIFEST), 30),
+    "manifest",
+  ),
 }
 
 
 def test_manifest_lists_every_file_of_the_step(saved):
   directory, _, _ = saved
   step_dir = os.path.join(directory, "2")
-  with open(os.path.join(step_dir, checkpoint.MANIFEST)) as f:
+  with open(os.path.join(step_dir, checkpoint_integrity.MANIFEST)) as f:
     manifest = json.load(f)
   assert manifest["format"] == 1 and manifest["hash"] == "blake2b-256"
   on_disk = sorted(
     os.path.relpath(os.path.join(root, n), step_dir)
     for root, _, names in os.walk(step_dir)
     for n in names
-    if n != checkpoint.MANIFEST
+    if n != checkpoint_integrity.MANIFEST
   )
   assert sorted(manifest["files"]) == on_disk
   assert "state/_METADATA" in on_disk and "meta/metadata" in on_disk
   for rel, entry in manifest["files"].items():
     assert entry["bytes"] == os.path.getsize(os.path.join(step_dir, rel))
-  assert checkpoint.verify(step_dir) is None
+  assert checkpoint_integrity.verify(step_dir) is None
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
@@ -132,15 +138,15 @@ def test_damaged_latest_step_falls_back_to_the_previous_one(saved, ckdir, damage
   step_dir = os.path.join(ckdir, "2")
   harm, reason = DAMAGE[damage]
   harm(step_dir)
-  problem = checkpoint.verify(step_dir)
+  problem = checkpoint_integrity.verify(step_dir)
   assert problem is not None and problem.reason == reason
   mngr, state, meta = _resume(saved, ckdir)
   assert meta["step"] == 1 and meta["data"] == {"position": 10}
   _assert_state_equal(state, states[1])
   # Set aside, not deleted; orbax no longer lists it.
-  aside = os.path.join(ckdir, checkpoint.CORRUPT, f"2-{reason}")
+  aside = os.path.join(ckdir, checkpoint_integrity.CORRUPT, f"2-{reason}")
   assert os.path.isdir(aside) and not os.path.exists(step_dir)
-  assert mngr.all_steps() == [1] and checkpoint.steps(ckdir) == [1]
+  assert mngr.all_steps() == [1] and checkpoint_integrity.steps(ckdir) == [1]
   mngr.close()
   lines = capsys.readouterr().err.strip().splitlines()
   assert lines == [
@@ -153,28 +159,28 @@ def test_restore_of_a_damaged_step_names_it_in_one_line(saved, ckdir):
   _, _, mesh = saved
   _truncate(_largest_data_file(os.path.join(ckdir, "2")))
   mngr = checkpoint.manager(ckdir)
-  with pytest.raises(checkpoint.CheckpointError) as e:
+  with pytest.raises(checkpoint_integrity.CheckpointError) as e:
     checkpoint.restore(mngr, checkpoint.abstract_state(MODEL, LEARNER, mesh))
   mngr.close()
   text = str(e.value)
   assert text.startswith(f"checkpoint {os.path.join(ckdir, '2')} does not verify: state/")
   assert "(truncated)" in text and "\n" not in text
-  assert checkpoint.steps(ckdir) == [1, 2]  # `restore` itself moves nothing
+  assert checkpoint_integrity.steps(ckdir) == [1, 2]  # `restore` itself moves nothing
 
 
 def test_no_step_verifies_stops_until_the_corrupt_dir_is_moved(saved, ckdir, tmp_path):
   for s in ("1", "2"):
     _overwrite_middle(_largest_data_file(os.path.join(ckdir, s)))
-  aside = os.path.join(ckdir, checkpoint.CORRUPT)
+  aside = os.path.join(ckdir, checkpoint_integrity.CORRUPT)
   expected = (
     f"no checkpoint under {ckdir} verifies (set aside in {aside}: 1-checksum, 2-checksum); "
     f"to start this phase from scratch move {aside} out of the work dir, or give a new --workdir"
   )
-  with pytest.raises(checkpoint.CheckpointError) as e:
+  with pytest.raises(checkpoint_integrity.CheckpointError) as e:
     _resume(saved, ckdir)
   assert str(e.value) == expected
   # A rerun does not quietly start from scratch either.
-  with pytest.raises(checkpoint.CheckpointError) as e:
+  with pytest.raises(checkpoint_integrity.CheckpointError) as e:
     _resume(saved, ckdir)
   assert str(e.value) == expected
   shutil.move(aside, str(tmp_path / "kept"))
@@ -223,7 +229,7 @@ def test_launch_train_resumes_from_the_previous_checkpoint_when_the_latest_is_da
   workdir = str(tmp_path / "run")
   _, first = _train(workdir)
   checkpoints = os.path.join(workdir, "checkpoints")
-  assert checkpoint.steps(checkpoints) == [1, 2]
+  assert checkpoint_integrity.steps(checkpoints) == [1, 2]
   _overwrite_middle(_largest_data_file(os.path.join(checkpoints, "2")))
   out, again = _train(workdir)
   step_dir, aside = (
@@ -238,8 +244,8 @@ def test_launch_train_resumes_from_the_previous_checkpoint_when_the_latest_is_da
   for k, v in first[1].items():
     if not k.startswith(tiny_run.TIMING):
       assert again[1][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
-  assert checkpoint.steps(checkpoints) == [1, 2] and os.path.isdir(aside)
-  assert checkpoint.verify(step_dir) is None
+  assert checkpoint_integrity.steps(checkpoints) == [1, 2] and os.path.isdir(aside)
+  assert checkpoint_integrity.verify(step_dir) is None
 
 
 @pytest.mark.slow
@@ -304,7 +310,7 @@ def test_two_processes_write_one_manifest_and_resume_past_a_damaged_step(tmp_pat
     return [(p.returncode, *o) for p, o in zip(procs, outputs)]
 
   assert [r[0] for r in run("save")] == [0, 0]
-  with open(os.path.join(directory, "2", checkpoint.MANIFEST)) as f:
+  with open(os.path.join(directory, "2", checkpoint_integrity.MANIFEST)) as f:
     files = json.load(f)["files"]
   assert any(f.startswith("state/ocdbt.process_1/") for f in files)
   _overwrite_middle(_largest_data_file(os.path.join(directory, "2")))

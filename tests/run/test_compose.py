@@ -1,6 +1,6 @@
-"""The Composition-RL dataset build (`rlvr.run.composition_build`, CLI `launch.compose`): plan, resume
-bookkeeping, rows, and end-to-end runs against the real vLLM test server (its tiny model's
-garbage is rejected)."""
+"""The Composition-RL dataset build (`rlvr.run.composition_build`, its plan
+`rlvr.run.composition_plan`, CLI `launch.compose`): plan, resume bookkeeping, rows, and
+end-to-end runs against the real vLLM test server (its tiny model's garbage is rejected)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from test_composition import Q1, Q2, Q3, generic_assistant
 
 from rlvr.data.readers import read_dataset
 from rlvr.run import composition_build as cr
+from rlvr.run import composition_plan as cp
 from rlvr.sampling.assistant import Assistant, AssistantError
 from synthesis import composition as comp
 from synthesis import numbers
@@ -99,18 +100,18 @@ def test_finished_ids_ignore_a_line_cut_short_by_a_kill(tmp_path):
 
 
 def test_the_plan_is_fixed_by_the_seed_and_a_larger_n_extends_it():
-  problems = cr.load_problems(AIME, "aime")
-  plan = cr.make_plan(problems, None, 3, 6, 20, seed=0)
-  again = cr.make_plan(problems, None, 3, 10, 20, seed=0)
-  other = cr.make_plan(problems, None, 3, 6, 20, seed=1)
+  problems = cp.load_problems(AIME, "aime")
+  plan = cp.make_plan(problems, None, 3, 6, 20, seed=0)
+  again = cp.make_plan(problems, None, 3, 10, 20, seed=0)
+  other = cp.make_plan(problems, None, 3, 6, 20, seed=1)
   assert [p.id for p in plan] == [f"c{i}" for i in range(6)]
   assert [p.chain for p in plan] == [p.chain for p in again[:6]]
   assert [p.chain for p in plan] != [p.chain for p in other]
   for p in again:
     assert len(p.chain) == 3 and len({q.id for q in p.chain}) == 3
     assert all(numbers.numbers_in(q.answer) for q in p.chain[:2])  # q1, q2 open a Compose
-  assert len({p.chain[0].id for p in cr.make_plan(problems, None, 2, 200, 5, 0)}) <= 5
-  pairs = cr.make_plan(problems[:10], problems[10:20], 2, 8, 20, seed=0)
+  assert len({p.chain[0].id for p in cp.make_plan(problems, None, 2, 200, 5, 0)}) <= 5
+  pairs = cp.make_plan(problems[:10], problems[10:20], 2, 8, 20, seed=0)
   assert all(a in problems[:10] and b in problems[10:20] for a, b in (p.chain for p in pairs))
   # The plan's own draws (no per-draw copy of the problem list) equal composition's.
   openers = [q for q in problems if numbers.numbers_in(q.answer)]
@@ -159,9 +160,9 @@ def test_accepted_rows_carry_provenance_and_load_back_by_depth(tmp_path):
       return ""
 
   complete = lambda prompts, on_error=None: [answer(p) for p in prompts]
-  problems = cr.load_problems(src, "easy")
+  problems = cp.load_problems(src, "easy")
   for depth, n in ((2, 4), (3, 6)):
-    rows = [cr.compose_one(p, complete) for p in cr.make_plan(problems, None, depth, n, 20, 0)]
+    rows = [cr.compose_one(p, complete) for p in cp.make_plan(problems, None, depth, n, 20, 0)]
     acc = [r for r in rows if "problem" in r]
     rej = [r for r in rows if "problem" not in r]
     # The assistant replaces the first number of the last paragraph; Q1 states one
@@ -182,7 +183,7 @@ def test_accepted_rows_carry_provenance_and_load_back_by_depth(tmp_path):
       assert ex.problem.startswith((Q1, Q2, Q3)[int(row["source_ids"][0].split(":")[1])].text)
       assert row["x"] in row["relation"] and row["y"] in row["relation"] and row["v1"]
   second = _write_jsonl(tmp_path / "other.jsonl", [{"question": Q3.text, "ref_answer": 28}])
-  plan = cr.make_plan(problems, cr.load_problems(second, "other"), 2, 3, 20, 0)
+  plan = cp.make_plan(problems, cp.load_problems(second, "other"), 2, 3, 20, 0)
   rows = [cr.compose_one(p, complete) for p in plan]
   assert [r["answer"] for r in rows] == ["28"] * 3
   assert all(r["source_ids"][1] == "other:0" for r in rows)

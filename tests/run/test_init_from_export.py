@@ -2,7 +2,7 @@
 whole; `export_every` writes clean folders.
 
 In process, through the functions a run calls: `trainer.warm_start` (which resolves
-`sft.init_from`), `checkpoint.verify` (the manifest check it applies) and
+`sft.init_from`), `checkpoint_integrity.verify` (the manifest check it applies) and
 `checkpoint.export_hf` (each export). The run's model is a tiny one with a 320-token
 tokenizer; the SFT folders differ from it in one thing each."""
 
@@ -21,7 +21,7 @@ from rlvr import learner
 from rlvr import model as model_lib
 from rlvr.model import decoder
 from rlvr.parallel import sharding
-from rlvr.run import checkpoint, trainer
+from rlvr.run import checkpoint, checkpoint_integrity, trainer
 
 VOCAB = 320  # the run's tokenizer: 320 tokens, a 320-row embedding table
 
@@ -52,7 +52,7 @@ def models(tmp_path_factory):
     "architecture": _tiny(str(root / "architecture"), intermediate_size=192),
   }
   for name in ("vocab_64", "tokenizer", "architecture"):
-    checkpoint.write_manifest(out[name])
+    checkpoint_integrity.write_manifest(out[name])
   return out
 
 
@@ -71,7 +71,7 @@ def sft_export(models, tmp_path_factory):
   out = str(tmp_path_factory.mktemp("sft") / "model")
   tok = AutoTokenizer.from_pretrained(models["run"])
   checkpoint.export_hf(out, cfg, state, tokenizer=tok)
-  checkpoint.write_manifest(out)
+  checkpoint_integrity.write_manifest(out)
   return out
 
 
@@ -107,20 +107,20 @@ def test_an_sft_that_does_not_fit_the_run_is_refused_in_one_line(models, name, s
 
 
 def _manifest(folder: str) -> dict:
-  with open(os.path.join(folder, checkpoint.MANIFEST)) as f:
+  with open(os.path.join(folder, checkpoint_integrity.MANIFEST)) as f:
     return json.load(f)
 
 
 def _rewrite_manifest(folder: str, body: dict) -> None:
-  with open(os.path.join(folder, checkpoint.MANIFEST), "w") as f:
+  with open(os.path.join(folder, checkpoint_integrity.MANIFEST), "w") as f:
     json.dump(body, f)
 
 
 def test_a_manifest_that_lists_no_files_does_not_verify(sft_export, tmp_path):
   folder = _copy(sft_export, tmp_path / "model")
   _rewrite_manifest(folder, dict(_manifest(folder), files={}))
-  problem = checkpoint.verify(folder)
-  assert problem is not None and problem.file == checkpoint.MANIFEST, problem
+  problem = checkpoint_integrity.verify(folder)
+  assert problem is not None and problem.file == checkpoint_integrity.MANIFEST, problem
   assert problem.detail == "the manifest lists no files"
 
 
@@ -132,10 +132,10 @@ def test_a_manifest_entry_outside_the_folder_is_refused_unread(sft_export, tmp_p
   entry = str(outside) if entry == "ABSOLUTE" else entry
   body = _manifest(folder)
   # The entry is the outside file's true size and checksum: only where it lies is wrong.
-  n, digest = checkpoint._digest(str(outside))
+  n, digest = checkpoint_integrity._digest(str(outside))
   body["files"][entry] = {"bytes": n, "blake2b": digest}
   _rewrite_manifest(folder, body)
-  problem = checkpoint.verify(folder)
+  problem = checkpoint_integrity.verify(folder)
   assert problem is not None and (problem.file, problem.reason) == (entry, "manifest"), problem
   assert problem.detail == "outside the folder (a manifest entry must name a file inside it)"
 
@@ -146,10 +146,10 @@ def test_a_file_the_manifest_does_not_list_is_refused_in_one_line(models, sft_ex
   folder = _copy(sft_export, tmp_path / "model")
   other = _copy(models["architecture"], tmp_path / "other")
   shutil.copy(os.path.join(other, "model.safetensors"), os.path.join(folder, "other.safetensors"))
-  checkpoint.write_manifest(folder)  # other.safetensors listed; the index below is not
+  checkpoint_integrity.write_manifest(folder)  # other.safetensors listed; the index below is not
   with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
     json.dump({"metadata": {}, "weight_map": {"model.norm.weight": "other.safetensors"}}, f)
-  problem = checkpoint.verify(folder)
+  problem = checkpoint_integrity.verify(folder)
   assert problem is not None and problem.file == "model.safetensors.index.json", problem
   assert problem.reason == "unlisted"
   with pytest.raises(ValueError) as e:
@@ -172,7 +172,7 @@ def test_an_export_into_a_used_folder_leaves_only_the_fresh_export(models, tmp_p
   used.mkdir(parents=True)
   stale = {
     "adapter_config.json": json.dumps({"peft_type": "LORA", "base_model_name_or_path": "gone"}),
-    checkpoint.MANIFEST: json.dumps({"format": 1, "files": {}}),
+    checkpoint_integrity.MANIFEST: json.dumps({"format": 1, "files": {}}),
     "special_tokens_map.json": json.dumps({"eos_token": "<stale>"}),
     "merges.txt": "#version: 0.2\nx y\n",
   }
