@@ -31,13 +31,20 @@ def initialize(
     num_processes = int(os.environ["RLVR_NUM_PROCESSES"])
   if process_id is None and "RLVR_PROCESS_ID" in os.environ:
     process_id = int(os.environ["RLVR_PROCESS_ID"])
-  if coordinator == "auto":
-    jax.distributed.initialize(**timeouts)
-    return True
   if coordinator is None:
     if num_processes not in (None, 1):
       raise ValueError("num_processes > 1 needs a coordinator address (RLVR_COORDINATOR)")
     return False
+  # Several processes: XLA:CPU runs a process's programs on a thread pool, and with async
+  # dispatch a program can start before the one dispatched ahead of it has ended; the gloo
+  # collectives of the two then meet the other processes' in another order ("collective
+  # mismatch", seen when programs come from the compilation cache and dispatch quickly).
+  # CPU programs run inline instead, one at a time. This reaches only the CPU client: GPU
+  # and TPU programs are dispatched as before.
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
+  if coordinator == "auto":
+    jax.distributed.initialize(**timeouts)
+    return True
   if num_processes is None or process_id is None:
     raise ValueError(f"coordinator {coordinator}: set num_processes and process_id too")
   jax.distributed.initialize(
