@@ -53,7 +53,7 @@ class Scored(tuple):
     out.counts, out.values = dict(counts), dict(values or {})
     return out
 
-  def __reduce__(self):  # pickled whole (`sampling.split.agreed`), not as a bare tuple
+  def __reduce__(self):  # pickled whole (`parallel.distributed.agreed`), not as a bare tuple
     return Scored, (self[0], self[1], self.counts, self.values)
 
 
