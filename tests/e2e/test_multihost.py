@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -82,44 +81,11 @@ def _two_processes(flags, workdir, log_dir):
 
 
 @pytest.fixture(scope="module")
-def plain_runs(tmp_path_factory):
-  """The tiny plain-GRPO config, 3 RL steps, on 1 process x 2 devices and 2 x 1."""
-  root = tmp_path_factory.mktemp("multihost_plain")
-  _one_process(PLAIN, root / "one")
-  logs = _two_processes(PLAIN, root / "two", root)
-  return root, logs
-
-
-def test_two_processes_run_the_plain_config_as_one_process_does(plain_runs):
-  root, logs = plain_runs
-  one, two = root / "one", root / "two"
-  # Per-step metrics of SFT and RL, evaluations and the summary are the same numbers
-  # (per-prompt sampling seeds, the same global program; gloo's reductions agree here).
-  assert tiny_run.rows(two / "sft" / "metrics.jsonl") == tiny_run.rows(
-    one / "sft" / "metrics.jsonl"
-  )
-  assert tiny_run.rows(two / "metrics.jsonl") == tiny_run.rows(one / "metrics.jsonl")
-  assert [r["step"] for r in tiny_run.rows(two / "metrics.jsonl")] == [0, 1, 2]
-  s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
-  for key in ("eval_before_rl", "eval_after_rl"):
-    assert s1[key] == s2[key]
-  # The exported HF dir is the same bytes.
-  for name in ("model.safetensors", "config.json"):
-    assert (two / "policy" / name).read_bytes() == (one / "policy" / name).read_bytes()
-  # Each process says who it is and which mesh it built; only process 0 wrote files.
-  assert "process 0 of 2: global mesh {'data': 1, 'fsdp': 2, 'expert': 1, 'tensor': 1}" in logs[0]
-  assert "process 1 of 2" in logs[1]
-  assert not [f for f in os.listdir(two) if f.startswith(".shared-check")]
-
-
-def _start_from_finished_sft(plain_runs, tmp_path):
-  """A work dir holding the uninterrupted run's SFT and first evaluation (same seeds)."""
-  root, _ = plain_runs
-  workdir = tmp_path / "run"
-  workdir.mkdir()
-  shutil.copytree(root / "two" / "sft", workdir / "sft")
-  shutil.copy(root / "two" / "progress.json", workdir / "progress.json")
-  return workdir
+def one_process_run(tmp_path_factory):
+  """The tiny plain-GRPO config, 3 RL steps, on 1 process x 2 devices: the reference."""
+  one = tmp_path_factory.mktemp("multihost_plain") / "one"
+  _one_process(PLAIN, one)
+  return one
 
 
 def _both_logs(log) -> str:
@@ -142,14 +108,16 @@ def _wait_for_line(procs, log, text):
     time.sleep(0.2)
 
 
-def test_sigterm_then_a_killed_process_then_a_rerun_resumes(plain_runs, tmp_path):
-  """SLURM preemption signals processes at slightly different times: they agree on the
-  step to stop after, save one checkpoint together and exit 143. The rerun resumes from
-  it; one of its processes killed (SIGKILL) stops the other within the heartbeat bound;
-  the next rerun resumes again and ends with the metrics of the run never interrupted."""
-  root, _ = plain_runs
-  reference = tiny_run.rows(root / "two" / "metrics.jsonl")
-  workdir = _start_from_finished_sft(plain_runs, tmp_path)
+def test_two_processes_stopped_twice_end_where_one_process_does(one_process_run, tmp_path):
+  """The plain config on 2 processes x 1 device from scratch. SLURM preemption signals
+  processes at slightly different times: they agree on the step to stop after, save one
+  checkpoint together and exit 143. The rerun resumes from it; one of its processes killed
+  (SIGKILL) stops the other within the heartbeat bound; the next rerun resumes again. The
+  run then holds what the one-process run holds: per-step SFT and RL metrics, evaluations
+  and the exported HF model's bytes (per-prompt sampling seeds, the same global program;
+  gloo's reductions agree here)."""
+  one, workdir = one_process_run, tmp_path / "run"
+  reference = tiny_run.rows(one / "metrics.jsonl")
   metrics, log = workdir / "metrics.jsonl", tmp_path / "process0.log"
   procs = _start_two(PLAIN, [workdir, workdir], tmp_path)
   _wait_for_rows(procs, metrics, 1, log)
@@ -157,6 +125,12 @@ def test_sigterm_then_a_killed_process_then_a_rerun_resumes(plain_runs, tmp_path
   codes, logs = _wait(procs, tmp_path, timeout=300)
   assert codes == [143, 143], logs[0][-2000:]
   assert "stopped by SIGTERM after RL step" in logs[0] + logs[1]
+  # Each process says who it is and which mesh it built.
+  assert "process 0 of 2: global mesh {'data': 1, 'fsdp': 2, 'expert': 1, 'tensor': 1}" in logs[0]
+  assert "process 1 of 2" in logs[1]
+  assert tiny_run.rows(workdir / "sft" / "metrics.jsonl") == tiny_run.rows(
+    one / "sft" / "metrics.jsonl"
+  )
   done = tiny_run.rows(metrics)
   assert 1 <= len(done) < 3 and done == reference[: len(done)]
   steps = sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
@@ -171,8 +145,16 @@ def test_sigterm_then_a_killed_process_then_a_rerun_resumes(plain_runs, tmp_path
   procs[1].wait()
 
   _two_processes(PLAIN, workdir, tmp_path)
-  assert tiny_run.rows(metrics) == reference
   assert "resumed rlvr from step" in open(log).read()
+  assert tiny_run.rows(metrics) == reference
+  assert [r["step"] for r in reference] == [0, 1, 2]
+  s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, workdir))
+  for key in ("eval_before_rl", "eval_after_rl"):
+    assert s1[key] == s2[key]
+  for name in ("model.safetensors", "config.json"):
+    assert (workdir / "policy" / name).read_bytes() == (one / "policy" / name).read_bytes()
+  # Only process 0 wrote files.
+  assert not [f for f in os.listdir(workdir) if f.startswith(".shared-check")]
 
 
 def test_work_dirs_that_are_not_shared_are_an_error_at_start_up(tmp_path):
@@ -198,12 +180,11 @@ def test_one_svs_step_on_two_processes_equals_one_process(tmp_path):
   assert two[0]["svs_syntheses"] > 0
 
 
-def test_episodes_and_lora_on_two_processes_equal_one_process(plain_runs, tmp_path):
+def test_episodes_and_lora_on_two_processes_equal_one_process(one_process_run, tmp_path):
   """Multi-turn episodes of an environment whose answers name the process computing them
   (tests/echo_env.py), with RL training LoRA adapters: two processes run 2 RL steps and the
   evaluations as one process does, because both take process 0's observations, and they
   export the same adapter."""
-  root, _ = plain_runs
   flags = [
     *PLAIN[:1],
     "--config.rl.steps=2",
@@ -215,10 +196,11 @@ def test_episodes_and_lora_on_two_processes_equal_one_process(plain_runs, tmp_pa
     "--config.rl.learner.lora.rank=8",
     "--config.rl.learner.learning_rate=2e-3",
     "--config.shaping.overlong_cache=30",  # rewards that differ by length: the adapters move
+    "--config.data.arithmetic.n_heldout=4",  # evaluations of episodes: a few problems do
   ]
   one, two = tmp_path / "one", tmp_path / "two"
-  run_copies.start_from_sft(root / "one", one, evaluated=False)
-  run_copies.start_from_sft(root / "one", two, evaluated=False)
+  run_copies.start_from_sft(one_process_run, one, evaluated=False)
+  run_copies.start_from_sft(one_process_run, two, evaluated=False)
   _one_process(flags, one)
   _two_processes(flags, two, tmp_path)
   rows = tiny_run.rows(two / "metrics.jsonl")

@@ -70,9 +70,12 @@ RUN_HERE = {
 # end (SFT, eval, SvS steps, eval) takes minutes even scaled down, and the fresh-clone test
 # already runs it, from the README's own text.
 _EMBEDDED = "tests/e2e/test_fresh_clone.py::test_readme_setup_and_main_command_in_a_fresh_clone"
+# The real model's job and its SvS recipe: one scaled-down run of the recipe, SFT through an
+# SvS step on a vLLM server the run starts; the recipe is the job with SvS's settings only
+# (test_the_svs_job_is_the_plain_job_plus_svs).
 _SMOLLM2 = (
-  "tests/model/test_gguf.py::test_one_rl_step_of_the_real_job_through_a_vllm_server",
-  ('config="configs/smollm2_arith.py"',),
+  "tests/model/test_gguf.py::test_one_svs_step_of_the_real_job_through_a_vllm_server",
+  ('config="configs/smollm2_arith_svs.py"', "smollm2_arith.get_config()"),
 )
 COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the command)
   "python -m launch.train --config=configs/tiny.py [--workdir=DIR] [--config.rl.steps=N]": (
@@ -95,14 +98,9 @@ COVERED_ELSEWHERE = {  # prefix -> (where, texts of that test file that run the 
     "tests/e2e/test_code_domain.py::test_tiny_code_runs_then_evaluates_on_humaneval",
     ("tiny_code.get_config()", "runner.run(c)"),
   ),
-  # the real model's job, SFT through a GRPO step on a vLLM server the run starts
   ".venv/bin/python -m launch.train --config=configs/smollm2_arith.py": _SMOLLM2,
   "python -m launch.train --config=configs/smollm2_arith.py": _SMOLLM2,
-  # its SvS recipe, SFT through one SvS step on the in-process sampler
-  "python -m launch.train --config=configs/smollm2_arith_svs.py": (
-    "tests/model/test_gguf.py::test_one_svs_step_of_the_real_job",
-    ('config="configs/smollm2_arith_svs.py"',),
-  ),
+  "python -m launch.train --config=configs/smollm2_arith_svs.py": _SMOLLM2,
   # the reward's preflight alone, no model: on a file whose gold answers score and on one whose don't
   "python -m launch.evaluate --preflight --data=": (
     "tests/rewards/test_preflight.py::test_launch_evaluate_runs_the_preflight_alone",

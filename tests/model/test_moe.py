@@ -78,11 +78,12 @@ def test_logits_match_transformers(moe_dirs, name):
   with torch.no_grad():
     ref = _torch_model(moe_dirs[name])(torch.tensor(tokens), attention_mask=torch.tensor(mask))
   ref = ref.logits.numpy()
-  ours = model.forward(params, jnp.asarray(tokens), config=cfg, segment_ids=jnp.asarray(mask))
+  forward = jax.jit(model.forward, static_argnames=("config", "scan_layers"))
+  ours = forward(params, jnp.asarray(tokens), config=cfg, segment_ids=jnp.asarray(mask))
   real = mask == 1
   np.testing.assert_allclose(np.asarray(ours)[real], ref[real], atol=1e-4, rtol=0)
   assert np.abs(ref).max() > 1.0
-  unrolled = model.forward(
+  unrolled = forward(
     params, jnp.asarray(tokens), config=cfg, segment_ids=jnp.asarray(mask), scan_layers=False
   )
   np.testing.assert_allclose(np.asarray(unrolled), np.asarray(ours), atol=1e-5, rtol=0)
@@ -117,7 +118,7 @@ def test_gradients_match_torch_autograd(moe_dirs, name):
   def loss(p):
     return jnp.sum(model.forward(p, jnp.asarray(tokens), config=cfg) * probe)
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   tm = _torch_model(moe_dirs[name])
   (tm(torch.tensor(tokens)).logits * torch.tensor(probe)).sum().backward()
   theirs = _torch_grads(tm, cfg)

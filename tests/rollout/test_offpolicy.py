@@ -172,10 +172,18 @@ def _train(workdir, *args):
   return tiny_run.train(workdir, *_flags(*args))
 
 
+@pytest.fixture(scope="module")
+def sft_run(vllm_server, served_model_dir, tmp_path_factory):
+  """The runs' SFT, made once: their SFT settings are the same whatever the environment."""
+  done = tmp_path_factory.mktemp("offpolicy") / "sft"
+  _train(done, vllm_server, served_model_dir, 0)
+  return done
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("environment", ["single_turn", "echo_env:make", "lora"])
 def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
-  vllm_server, served_model_dir, tmp_path, environment
+  vllm_server, served_model_dir, sft_run, tmp_path, environment
 ):
   """Also with multi-turn episodes of a user's environment (tests/echo_env.py): the buffer
   kept with the checkpoint holds their masks, and the resumed run is the same run; and with
@@ -188,6 +196,7 @@ def test_off_policy_run_killed_by_sigkill_resumes_as_if_uninterrupted(
     flags += ["--config.rl.learner.learning_rate=2e-3"]
     environment = "single_turn"
   flags.append(f"--config.env.name={environment}")
+  run_copies.start_from_sft(sft_run, tmp_path / "full", evaluated=False)
   _, full = _train(tmp_path / "full", vllm_server, served_model_dir, steps, *flags)
   if environment != "single_turn":
     assert sum(r["turns_mean"] for r in full) / steps > 1
