@@ -19,17 +19,6 @@ import pytest
 import tiny_run
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# pytest-xdist: worker i of n computes on cores i, i+n, ... (and so do the runs, servers and
-# sandboxes it starts), so two workers' XLA and torch thread pools do not take turns on the
-# same cores. Set before XLA and torch size their thread pools. On 2 cores of an AMD EPYC,
-# two scaled-down runs of configs/tiny_rlvr.py side by side took 84.7 s on a core each and
-# 90.6 s on both.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _WORKER.startswith("gw") and hasattr(os, "sched_setaffinity"):
-  _n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-  _cores = sorted(os.sched_getaffinity(0))
-  if 1 < _n <= len(_cores):
-    os.sched_setaffinity(0, _cores[int(_WORKER[2:]) % _n :: _n])
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Quick compiles (tiny_run.QUICK_COMPILE) for the pytest processes, unless the caller's
 # XLA_FLAGS already say; the runs the tests start through tiny_run compile as a user's do.
