@@ -196,7 +196,6 @@ def test_episodes_and_lora_on_two_processes_equal_one_process(one_process_run, t
     "--config.rl.learner.lora.rank=8",
     "--config.rl.learner.learning_rate=2e-3",
     "--config.shaping.overlong_cache=30",  # rewards that differ by length: the adapters move
-    "--config.data.arithmetic.n_heldout=4",  # evaluations of episodes: a few problems do
   ]
   one, two = tmp_path / "one", tmp_path / "two"
   run_copies.start_from_sft(one_process_run, one, evaluated=False)
