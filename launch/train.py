@@ -277,8 +277,8 @@ def main(argv):
   signal.signal(signal.SIGTERM, _interrupt)
   signal.signal(signal.SIGINT, _interrupt)
   try:
-    with progress.messages_above_bars():  # library log lines and warnings, not into a bar
-      summary = runner.run(cfg)
+    with progress.messages_above_bars(), runner.trainer(cfg) as trainer:  # log lines above bars
+      summary = trainer.fit()
   except KeyboardInterrupt as e:
     signal.setitimer(signal.ITIMER_REAL, 0)
     if FLAGS.verbose:

@@ -8,7 +8,7 @@ outs = runner.generate(sampler, prompt_ids, params)  # one Completion per episod
 from rlvr.envs.base import Environment, Episode, SingleTurn
 from rlvr.envs.config import TOOL_LIMITS, EnvConfig
 from rlvr.envs.episode_metrics import episode_metrics, episode_record
-from rlvr.envs.episodes import Episodes, cut_at_stop, episodes_for, solve
+from rlvr.envs.episodes import Episodes, cut_at_stop, episodes_for
 from rlvr.envs.registry import ENVIRONMENTS, for_run, make
 
 __all__ = [
@@ -25,5 +25,4 @@ __all__ = [
   "episodes_for",
   "for_run",
   "make",
-  "solve",
 ]

@@ -284,17 +284,6 @@ class Episodes:
     return pending
 
 
-def solve(
-  sampler: Sampler, episodes: Episodes | None, prompts: Sequence, sp: SamplingParams
-) -> list[list[Completion]]:
-  """sp.n attempts at each prompt (anything with `ids` and `text`, a `rollout.Prompt`) on
-  `sampler`: one response each, or one episode each when `episodes` is given."""
-  ids = [list(p.ids) for p in prompts]
-  if episodes is None:
-    return sampler.generate(ids, sp)
-  return episodes.generate(sampler, ids, sp, [p.text for p in prompts])
-
-
 def episodes_for(
   cfg: EnvConfig, environment: Environment, tokenizer, agree: Callable[[list], list] | None = None
 ) -> Episodes:

@@ -54,7 +54,7 @@ class Method(abc.ABC):
     """The scored groups of one update (may be empty: the update is skipped) + metrics.
 
     The rollouts the step's metrics describe go to `ctx.report_rollouts`
-    (`rollout.gather_groups` reports its own).
+    (`Rollout.gather` reports its own).
     """
 
   @abc.abstractmethod

@@ -19,7 +19,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rlvr import rollout
 from rlvr.common import settings
 from rlvr.common.panel import Panel
 from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, Rollout
@@ -67,7 +66,7 @@ class Composition(Method):
 
   def buffer(self, ctx: Rollout, step: int) -> tuple[list[Group], dict[str, float]]:
     depth = self.curriculum.depth
-    kept, sampled, _ = rollout.gather_groups(ctx, self.pools[depth], step)
+    kept, sampled, _ = ctx.gather(self.pools[depth], step)
     solve_all = stats.group_stats(np.stack([g.correct for g in sampled]))["solve_all"]
     switched = self.curriculum.record(solve_all)
     return kept, {"depth": depth, "depth_switch": int(switched)}

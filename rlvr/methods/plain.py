@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from rlvr import rollout
 from rlvr.methods.base import Group, Method, MethodSettings, Prompt, PromptPool, Rollout
 
 
@@ -17,7 +16,7 @@ class Plain(Method):
     self.pool = PromptPool(train, seed)
 
   def buffer(self, ctx: Rollout, step: int) -> tuple[list[Group], dict[str, float]]:
-    kept, _, _ = rollout.gather_groups(ctx, self.pool, step)
+    kept, _, _ = ctx.gather(self.pool, step)
     return kept, {}
 
   def state(self) -> dict[str, Any]:

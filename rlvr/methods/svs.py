@@ -75,7 +75,7 @@ class SvS(Method):
     rng = random.Random(rollout.step_seed(rl.seed, step, 99))
     seed = lambda phase: rollout.step_seed(rl.seed, step, 100 + phase)  # apart from DS rounds
     if self.cfg.refill_originals:  # DAPO's dynamic sampling: up to prompts_per_step mixed groups
-      kept, originals, rounds = rollout.gather_groups(ctx, self.pool, step)
+      kept, originals, rounds = ctx.gather(self.pool, step)
     else:  # the authors' loop: one draw, the mixed groups kept
       originals = ctx.groups(self.pool.draw(rl.prompts_per_step), rl.sampling_params(seed(0)))
       kept, rounds = [o for o in originals if o.mixed], 1

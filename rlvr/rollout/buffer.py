@@ -1,27 +1,21 @@
-"""When and how a step's buffer is built: `Buffer` (one update's groups with the metrics
-of building them), `build_buffer`, `staleness_metrics`, and `Buffers`, which builds each
-step's buffer at the start of the step (`max_staleness` 0) or one step ahead, from the
-weights the sampler holds while the previous update runs (`max_staleness` 1, one-step
-off-policy), in a worker thread when the sampler runs apart from the learner.
-`rlvr/rollout/buffer_file.py` keeps the one built ahead with a checkpoint."""
+"""A step's buffer: `Buffer` (one update's groups with the metrics of building them), how old
+its samples are (`staleness_metrics`) and the step's wall-clock metrics (`step_timings`).
+`step.Buffers` builds them; `rlvr/rollout/buffer_file.py` keeps the one built ahead with a
+checkpoint."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import time
 from typing import Any
 
 import numpy as np
 
-from rlvr.rollout.context import Rollout, RolloutStats
-from rlvr.rollout.dynamic_sampling import rollout_metrics
-from rlvr.rollout.types import Group
+from rlvr.rollout.types import Group, RolloutStats
 
 
 @dataclasses.dataclass
 class Buffer:
-  """The data of one step's update, with the metrics of building it (`build_buffer`).
+  """The data of one step's update, with the metrics of building it (`step.Buffers.take`).
 
   version: the sampler's weight version when the build began; started / ended:
   `time.perf_counter()` stamps of the build; stats: what its calls cost and met
@@ -38,21 +32,6 @@ class Buffer:
   stats: RolloutStats = dataclasses.field(default_factory=RolloutStats)
 
 
-def build_buffer(method, ctx: Rollout, step: int, version: int) -> Buffer:
-  """method.buffer(ctx, step) on a fork of ctx, with its rollout metrics and stats."""
-  ctx = ctx.fork()
-  t0 = time.perf_counter()
-  groups, m = method.buffer(ctx, step)
-  stats = ctx.stats
-  m = dict(m)
-  if stats.reported is not None:
-    m.update(rollout_metrics(*stats.reported, ctx.rl))
-  m.update(stats.metrics())
-  t1 = time.perf_counter()
-  m["time_buffer"] = t1 - t0
-  return Buffer(step, list(groups), m, version, t0, t1, stats)
-
-
 def staleness_metrics(buf: Buffer) -> dict[str, float]:
   """Update step minus the weight version each sample was drawn from (the sampler's tag
   when it gives one, else the version it held when the build began)."""
@@ -66,61 +45,21 @@ def staleness_metrics(buf: Buffer) -> dict[str, float]:
   return {"staleness_mean": float(np.mean(ages)), "staleness_max": int(max(ages))}
 
 
-class Buffers:
-  """Where each step's buffer comes from, in step order.
-
-  max_staleness 0: built when the step takes it, from the weights the step updates.
-  max_staleness 1: the buffer of step t+1 is built from the weights the sampler holds
-  during update t (version t, one behind the update that will use it); step 0's, and
-  a resumed run's first when no buffer was saved ahead, are built when taken. With
-  `overlap` the build runs in a worker thread while the update runs; without (an
-  in-process sampler on the learner's devices, where nothing can overlap) it runs
-  just before the update: the same buffers, the same updates, no time saved.
-  The buffer built ahead is finished before the weight push (`finish_ahead`), so
-  between steps nothing is in flight and `pending` is what a checkpoint saves.
-  """
-
-  def __init__(self, method, ctx: Rollout, *, overlap: bool = True, last_step: int | None = None):
-    self.method, self.ctx = method, ctx
-    self.ahead = ctx.rl.max_staleness == 1
-    self.overlap, self.last_step = overlap, last_step
-    self.pending: Buffer | None = None
-    self.built: list[Buffer] = []  # the builds of the current step, for its timings
-    self._future: concurrent.futures.Future | None = None
-    self._pool = concurrent.futures.ThreadPoolExecutor(1, "rollouts") if overlap else None
-
-  def take(self, step: int) -> Buffer:
-    """Step `step`'s buffer: the one built ahead, else built now."""
-    if self.pending is not None and self.pending.step == step:
-      buf, self.pending, self.built = self.pending, None, []
-      return buf
-    self.pending = None
-    buf = build_buffer(self.method, self.ctx, step, version=step)
-    self.built = [buf]
-    return buf
-
-  def start_ahead(self, step: int) -> None:
-    """Begins the next step's buffer from the weights the sampler holds now (version step)."""
-    nxt = step + 1
-    if not self.ahead or (self.last_step is not None and nxt >= self.last_step):
-      return
-    if self._pool is not None:
-      self._future = self._pool.submit(build_buffer, self.method, self.ctx, nxt, step)
-    else:
-      self.pending = build_buffer(self.method, self.ctx, nxt, step)
-      self.built.append(self.pending)
-
-  def finish_ahead(self) -> None:
-    """Waits for the buffer begun by `start_ahead` (errors in its build surface here)."""
-    if self._future is not None:
-      future, self._future = self._future, None
-      self.pending = future.result()
-      self.built.append(self.pending)
-
-  def close(self) -> None:
-    if self._future is not None:
-      self._future.cancel()
-      concurrent.futures.wait([self._future])
-      self._future = None
-    if self._pool is not None:
-      self._pool.shutdown(wait=True)
+def step_timings(clock: dict[str, float], built: list[Buffer]) -> dict[str, float]:
+  """A step's wall-clock metrics from its phase stamps and the buffers built during it:
+  time_update, time_sync, time_step, time_learner_idle (the step's time outside the update),
+  time_sampler_idle (outside generate calls), overlap_frac (the share of the step when a
+  buffer build and the update ran at once) and tokens_per_s (tokens generated during the
+  step per second)."""
+  step_s = clock["end"] - clock["start"]
+  update = (clock["update"], clock["update_end"])
+  overlap = lambda b: max(0.0, min(b.ended, update[1]) - max(b.started, update[0]))
+  return {
+    "time_update": update[1] - update[0],
+    "time_sync": clock["end"] - clock["sync"],
+    "time_step": step_s,
+    "time_learner_idle": step_s - (update[1] - update[0]),
+    "time_sampler_idle": step_s - sum(b.metrics["time_sample"] for b in built),
+    "overlap_frac": sum(overlap(b) for b in built) / step_s,
+    "tokens_per_s": sum(b.stats.generated_tokens for b in built) / step_s,
+  }

@@ -1,6 +1,6 @@
-"""Dynamic sampling (DAPO): rounds of rollouts until a step has `prompts_per_step` groups
-with mixed rewards (`gather_groups`), the error when none had any (`NoSignalError`,
-`no_signal_fix`), and the metrics of a step's rollouts (`rollout_metrics`)."""
+"""Dynamic sampling (DAPO, `step.Rollout.gather`): where its prompts come from (`Draws`), the
+error when no group had mixed rewards (`NoSignalError`, `no_signal_fix`), and the metrics of a
+step's rollouts (`rollout_metrics`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import numpy as np
 from rlvr.envs.episode_metrics import episode_metrics
 from rlvr.rollout import stats
 from rlvr.rollout.config import RLConfig
-from rlvr.rollout.context import Rollout, step_seed
 from rlvr.rollout.types import Group, Prompt
 
 
@@ -34,46 +33,6 @@ def no_signal_fix(solve_all: float, solve_none: float) -> str:
       "on worked solutions) or start from a trained checkpoint (model.path)"
     )
   return "the problems are too easy for the policy: give harder ones"
-
-
-def gather_groups(ctx: Rollout, pool: Draws, step: int):
-  """Groups of prompts drawn from `pool` until `prompts_per_step` usable ones (or the round
-  budget) are reached.
-
-  Returns (kept groups, all sampled groups, rounds used), also reported to ctx
-  (`Rollout.report_rollouts`). Raises NoSignalError when dynamic sampling found no
-  mixed group at all within the budget.
-  """
-  cfg = ctx.rl
-  kept, sampled = [], []
-  need = cfg.prompts_per_step
-  for round_ in range(cfg.max_extra_rounds + 1):
-    missing = need - len(kept)
-    count = need if round_ == 0 else int(np.ceil(missing * cfg.oversample))
-    groups = ctx.groups(pool.draw(count), cfg.sampling_params(step_seed(cfg.seed, step, round_)))
-    if not groups:
-      continue
-    sampled += groups
-    kept += [g for g in groups if g.mixed or not cfg.dynamic_sampling][:missing]
-    if len(kept) >= need or not cfg.dynamic_sampling:
-      ctx.report_rollouts(sampled, kept, round_ + 1)
-      return kept, sampled, round_ + 1
-  if not sampled:
-    raise NoSignalError(
-      f"step {step}: every drawn prompt is longer than max_prompt_len "
-      f"({cfg.max_prompt_len} tokens); raise rl.loop.max_prompt_len"
-    )
-  if not kept:
-    rates = stats.group_stats(np.stack([g.correct for g in sampled]))
-    raise NoSignalError(
-      f"step {step}: no group with mixed rewards in {len(sampled)} prompts over "
-      f"{cfg.max_extra_rounds + 1} rounds (solve_all {rates['solve_all']:.0%}, "
-      f"solve_none {rates['solve_none']:.0%}); "
-      f"{no_signal_fix(rates['solve_all'], rates['solve_none'])}; "
-      "or raise rl.loop.max_extra_rounds"
-    )
-  ctx.report_rollouts(sampled, kept, cfg.max_extra_rounds + 1)
-  return kept, sampled, cfg.max_extra_rounds + 1
 
 
 def rollout_metrics(

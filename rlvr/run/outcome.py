@@ -1,18 +1,88 @@
-"""How a run ends, said: the health monitor it reports through, the one-line errors of a
-step that was not finite or of a run without signal, and summary.json with its plots."""
+"""What a run says about itself: each RL step's record (`StepLog`: metrics.jsonl, health
+warnings, samples, the progress bar), the one-line errors of a step that was not finite or
+of a run without signal, and summary.json with its plots."""
 
 from __future__ import annotations
 
 import os
 
 from rlvr import rollout
+from rlvr.data import tokens
 from rlvr.parallel import distributed
-from rlvr.report import health, plots
+from rlvr.report import health, plots, samples_log
 from rlvr.report import metrics as metrics_lib
 from rlvr.rewards.verifiers import VERIFIERS
 from rlvr.run import evaluation, experiment
 from rlvr.run import workdir as workdir_lib
 from rlvr.run.workdir import Run
+
+
+class StepLog:
+  """What a run records of each RL step from `start` on: a row of metrics.jsonl (and the
+  trackers), the health warnings of the row (a line, a metric and an alert per episode of
+  trouble; a resumed run's earlier rows replayed so none warns twice), the responses on the
+  steps rl.log_samples_every names (workdir/samples/step_<k>.jsonl), the progress bar, and
+  whether any step had a learning signal (`check_signal`)."""
+
+  def __init__(self, run: Run, method, start: int):
+    from tqdm import tqdm
+
+    s, writes = run.settings, distributed.is_writer()
+    self.run, self.method, self.start, self.steps = run, method, start, s.rl_steps
+    self.writer = metrics_lib.MetricsWriter(
+      run.workdir, resume_step=start, enabled=writes, logging=s.logging, config=s.written
+    )
+    self.monitor = health_monitor(s)
+    if writes:
+      health.replay(self.monitor, metrics_lib.read_jsonl(self.writer.path))
+    self.samples = samples_log.SamplesLog(
+      run.workdir,
+      s.rl_log_samples_every,
+      resume_step=start,
+      decode=lambda ids: tokens.decode_marked(run.tokenizer, ids),
+      show=lambda step, rows: self.writer.write_table(step, "samples", rows),
+      enabled=writes,
+    )
+    if start >= self.steps:  # a rerun of a finished run: no bar of the steps done before
+      print(f"RL: done before, all {self.steps} steps (checkpoints under {run.workdir})")
+    self.bar = tqdm(
+      range(start, self.steps),
+      desc=method.name,
+      unit="step",
+      initial=start,
+      total=self.steps,
+      disable=start >= self.steps,
+    )
+    self.skipped, self.solved = 0, []
+
+  def write(self, step: int, m: dict) -> None:
+    """The step's row, its health warnings added to it."""
+    self.skipped += m.get("skipped_update", 0)
+    self.solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
+    if distributed.is_writer():
+      m.update(health.announce(self.monitor.observe(step, m), self.writer.alert))
+    self.writer.write(step, m)
+    self.bar.set_postfix(progress_line(m, self.method))
+
+  def close(self) -> None:
+    self.writer.close()
+
+  def check_signal(self) -> None:
+    """NoSignalError when every step of this invocation skipped its update."""
+    if self.start < self.steps and self.skipped == self.steps - self.start:
+      raise rollout.NoSignalError(no_update_message(self.solved, self.run.workdir))
+
+
+def progress_line(m: dict, method) -> dict:
+  """The progress bar's figures of a step's metrics: accuracy, entropy, groups kept and the
+  method's own (`method.progress_keys`)."""
+  post = {
+    "acc": f"{m.get('accuracy', float('nan')):.2f}",
+    "ent": f"{m.get('entropy', 0):.2f}",
+    "kept": m.get("groups_kept", 0),
+  }
+  post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
+  return post
 
 
 def health_monitor(s: experiment.Settings) -> health.Monitor:

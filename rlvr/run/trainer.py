@@ -4,8 +4,8 @@
     summary = trainer.fit()
 
 `fit` reads as the run: warm start (SFT, or the finished one `sft.init_from` names), evaluate,
-then each RL step (`rollout.rl_step`), evaluate if due, log, export if due, checkpoint if due;
-at the end evaluate, export and summarise. Each phase is timed under the name it has here:
+then each RL step (`rollout.rl_step`), evaluate if due, log (`outcome.StepLog`), export if
+due, checkpoint if due; at the end evaluate, export and summarise. Each phase is timed under the name it has here:
 the step's row carries `time_rl_step` and `time_evaluate`, summary.json `phases_s` the total of
 every phase in this invocation.
 
@@ -26,10 +26,7 @@ import jax
 
 from rlvr import envs, learner, methods, rollout
 from rlvr import model as model_lib
-from rlvr.data import tokens
 from rlvr.parallel import distributed
-from rlvr.report import health, samples_log
-from rlvr.report import metrics as metrics_lib
 from rlvr.rewards import preflight
 from rlvr.rewards.verifiers import Agreed, open_verifier
 from rlvr.rollout import buffer_file
@@ -121,17 +118,59 @@ class Trainer:
 
   # ------------------------------------------------------------------ the run
   def fit(self) -> dict:
-    """The run's phases in order; returns summary.json's contents."""
+    """The run's phases in order; returns summary.json's contents.
+
+    RL runs from the resumed step to rl.steps. Checkpoints carry the method's state and are
+    keyed by the RL step, not the optimizer's update count; with rl.loop.max_staleness=1
+    also the buffer built ahead for the next step (`buffer_file`), which a resumed run uses
+    as is. SIGINT / SIGTERM end the step in progress, save a checkpoint and exit
+    (`interrupt`). An update whose loss or gradient is not finite stops the run before
+    anything of its step is saved (`learner.NonFiniteError`, one line with the step and the
+    last good checkpoint)."""
+    s, steps = self.s, self.s.rl_steps
     with self.stack:
       with self.timed("warm_start"):
         self.warm_start()
       with self.timed("evaluate"):
         self.evaluate_once("before_rl")
-      self.train()
+      log = outcome.StepLog(self.run, self.method, self.resume.step)
+      with interrupt.GracefulStop("RL") as stop, contextlib.closing(self.buffers()) as buffers:
+        for step in log.bar:
+          times: dict[str, float] = {}
+          with self.timed("rl_step", times):
+            try:
+              m = rollout.rl_step(
+                self.policy, self.method, self.rollout, step, buffers, log.samples
+              )
+            except learner.NonFiniteError as e:
+              log.bar.close()  # the error's line below the bar, not in it
+              message = outcome.nonfinite_message(e, step, steps, self.mngr)
+              raise learner.NonFiniteError(message, e.state) from e
+          if s.eval.every and (step + 1) % s.eval.every == 0:
+            with self.timed("evaluate", times):
+              for name, scores in self.evaluate().items():
+                m.update({f"{name}_{k}": v for k, v in scores.items()})
+          m.update(times)
+          with self.timed("log"):
+            log.write(step, m)
+          if s.checkpoint.export_every and (step + 1) % s.checkpoint.export_every == 0:
+            with self.timed("export"):
+              self.export(f"step_{step + 1}")
+          stopping = stop.agreed()
+          if (step + 1) % s.checkpoint.every == 0 or step + 1 == steps or stopping:
+            with self.timed("checkpoint"):
+              self.save(step + 1, buffers)
+          if stopping:
+            log.close()
+            stop.exit(
+              f"after RL step {step + 1} of {steps} (checkpoint under {self.run.workdir}/checkpoints)"
+            )
+      log.close()
+      log.check_signal()
       with self.timed("evaluate"):
         self.evaluate_once("after_rl")
       with self.timed("export"):
-        if self.s.export_hf:
+        if s.export_hf:
           self.export()
     return self.summarise()
 
@@ -228,85 +267,6 @@ class Trainer:
     adapter = os.path.join(r.workdir, where("policy_adapter"))
     checkpoint.export_adapter(adapter, self.model_cfg, state, base=base)
 
-  def train(self) -> None:
-    """RL from the resumed step to rl.steps. Checkpoints carry the method's state and are
-    keyed by the RL step, not the optimizer's update count; with rl.loop.max_staleness=1 also
-    the buffer built ahead for the next step (`buffer_file`), which a resumed run uses as is.
-    SIGINT / SIGTERM end the step in progress, save a checkpoint and exit (`interrupt`). An
-    update whose loss or gradient is not finite stops the run before anything of its step is
-    saved (`learner.NonFiniteError`, one line with the step and the last good checkpoint)."""
-    from tqdm import tqdm
-
-    r, s, method = self.run, self.s, self.method
-    steps, start = s.rl_steps, self.resume.step
-    buffers = self.buffers()
-    writer = metrics_lib.MetricsWriter(
-      r.workdir,
-      resume_step=start,
-      enabled=distributed.is_writer(),
-      logging=s.logging,
-      config=s.written,
-    )
-    monitor = outcome.health_monitor(s)
-    if distributed.is_writer():  # a resumed run's earlier steps: no trouble warns twice
-      health.replay(monitor, metrics_lib.read_jsonl(writer.path))
-    samples = samples_log.SamplesLog(  # rl.log_samples_every: workdir/samples/step_<k>.jsonl
-      r.workdir,
-      s.rl_log_samples_every,
-      resume_step=start,
-      decode=lambda ids: tokens.decode_marked(r.tokenizer, ids),
-      show=lambda step, rows: writer.write_table(step, "samples", rows),
-      enabled=distributed.is_writer(),
-    )
-    if start >= steps:  # a rerun of a finished run: no bar of the steps done before
-      print(f"RL: done before, all {steps} steps (checkpoints under {r.workdir})")
-    bar = tqdm(
-      range(start, steps),
-      desc=method.name,
-      unit="step",
-      initial=start,
-      total=steps,
-      disable=start >= steps,
-    )
-    skipped, solved = 0, []
-    with interrupt.GracefulStop("RL") as stop, contextlib.closing(buffers):
-      for step in bar:
-        times: dict[str, float] = {}
-        with self.timed("rl_step", times):
-          try:
-            m = rollout.rl_step(self.policy, method, self.rollout, step, buffers, samples)
-          except learner.NonFiniteError as e:
-            bar.close()  # the error's line below the bar, not in it
-            message = outcome.nonfinite_message(e, step, steps, self.mngr)
-            raise learner.NonFiniteError(message, e.state) from e
-        skipped += m.get("skipped_update", 0)
-        solved.append((m.get("solve_all", 0.0), m.get("solve_none", 0.0)))
-        if s.eval.every and (step + 1) % s.eval.every == 0:
-          with self.timed("evaluate", times):
-            for name, scores in self.evaluate().items():
-              m.update({f"{name}_{k}": v for k, v in scores.items()})
-        m.update(times)
-        with self.timed("log"):
-          if distributed.is_writer():  # a line, a metric and an alert per episode of trouble
-            m.update(health.announce(monitor.observe(step, m), writer.alert))
-          writer.write(step, m)
-          bar.set_postfix(progress_line(m, method))
-        if s.checkpoint.export_every and (step + 1) % s.checkpoint.export_every == 0:
-          with self.timed("export"):
-            self.export(f"step_{step + 1}")
-        stopping = stop.agreed()
-        if (step + 1) % s.checkpoint.every == 0 or step + 1 == steps or stopping:
-          with self.timed("checkpoint"):
-            self.save(step + 1, buffers)
-        if stopping:
-          writer.close()
-          stop.exit(
-            f"after RL step {step + 1} of {steps} (checkpoint under {r.workdir}/checkpoints)"
-          )
-    writer.close()
-    if start < steps and skipped == steps - start:
-      raise rollout.NoSignalError(outcome.no_update_message(solved, r.workdir))
-
   def buffers(self) -> rollout.Buffers:
     """The step's buffers; with rl.loop.max_staleness=1, one built ahead, the resumed run's
     from its checkpoint."""
@@ -346,18 +306,6 @@ class Trainer:
     """Plots and summary.json from the metrics of all invocations."""
     phases = {k: round(v, 1) for k, v in self.phases_s.items()}
     return outcome.write_summary(self.run, self.method, time.time() - self.t_start, phases)
-
-
-def progress_line(m: dict, method) -> dict:
-  """The progress bar's figures of a step's metrics: accuracy, entropy, groups kept and the
-  method's own (`method.progress_keys`)."""
-  post = {
-    "acc": f"{m.get('accuracy', float('nan')):.2f}",
-    "ent": f"{m.get('entropy', 0):.2f}",
-    "kept": m.get("groups_kept", 0),
-  }
-  post.update({label: m.get(key, 0) for label, key in method.progress_keys.items()})
-  return post
 
 
 def server_options(s: experiment.Settings, positions: int, **given):

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from rlvr import learner, model
 from rlvr.learner import packing, ppo
-from rlvr.rollout import Prompt, RLConfig, gather_groups
+from rlvr.rollout import Prompt, RLConfig
 from rlvr.sampling import JaxSampler
 
 RL = RLConfig(prompts_per_step=8, group_size=4, max_prompt_len=8, max_response_len=8)
@@ -32,7 +32,7 @@ def rollout(tiny_dirs):
   tok = AutoTokenizer.from_pretrained(tiny_dirs["qwen2"])
   ctx = step_context(JaxSampler(cfg, params, tok), even_length, tok, rl=RL)
   prompts = [Prompt((5 + i, 6 + i, 7 + i), "0") for i in range(64)]
-  kept, _, _ = gather_groups(ctx, InOrder(prompts), step=0)
+  kept, _, _ = ctx.gather(InOrder(prompts), step=0)
   assert len(kept) == RL.prompts_per_step
   return cfg, params, tok.pad_token_id, kept
 

@@ -199,3 +199,26 @@ def test_every_internal_link_reaches_its_page_and_anchor(page):
     elif anchor and where.endswith(".md") and anchor not in anchors(_read(where)):
       broken.append((target, f"no heading of {where} has that anchor"))
   assert not broken, f"{page}: {broken}"
+
+
+# ------------------------------------------------------------------ the run in two functions
+def without_docstring(fn) -> str:
+  """A function's source as it is in its file, dedented, its docstring left out."""
+  import ast
+  import inspect
+  import textwrap
+
+  lines = textwrap.dedent(inspect.getsource(fn)).splitlines()
+  doc = ast.parse("\n".join(lines)).body[0].body[0]
+  if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+    del lines[doc.lineno - 1 : doc.end_lineno]
+  return "\n".join(lines) + "\n"
+
+
+def test_architecture_opens_with_fit_and_rl_step_as_they_are():
+  """docs/architecture.md prints `Trainer.fit` and `rl_step` first, as the code has them."""
+  from rlvr import rollout
+  from rlvr.run.trainer import Trainer
+
+  blocks = re.findall(r"^```python\n(.*?)^```", _read("docs/architecture.md"), re.S | re.M)
+  assert blocks[:2] == [without_docstring(Trainer.fit), without_docstring(rollout.rl_step)]

@@ -247,7 +247,7 @@ def test_a_step_counts_the_verdicts_of_a_function_that_misbehaves(user, caplog):
 
   with _verifier("some_not_numbers") as v:
     ctx = step_context(None, v.score)
-    m = rollout.build_buffer(Scoring(), ctx, step=0, version=0).metrics
+    m = rollout.Buffers(Scoring(), ctx, overlap=False).take(0).metrics
   assert m["verdict_fn_not_finite"] == 5 and m["verdict_fn_wrong_length"] == 3
   assert m["verdict_scored"] == 3 and m["verdict_fn_raised"] == 0
 

@@ -272,7 +272,7 @@ def test_a_reward_that_is_not_finite_never_reaches_the_advantages():
     out = None
 
   method = Scoring()
-  m = rollout.build_buffer(method, step_context(None, scorer), step=0, version=0).metrics
+  m = rollout.Buffers(method, step_context(None, scorer), overlap=False).take(0).metrics
   rewards, correct = method.out
   assert rewards.dtype == np.float32 and rewards.tolist() == [1.0, 0, 0, 0, 0, 0.5]
   assert correct.tolist() == [True, False, False, False, False, True]

@@ -54,7 +54,7 @@ class _Scoring:
 
 def _step_metrics(score_fn, texts, golds) -> dict:
   ctx = step_context(None, score_fn)
-  return rollout.build_buffer(_Scoring(texts, golds), ctx, step=0, version=0).metrics
+  return rollout.Buffers(_Scoring(texts, golds), ctx, overlap=False).take(0).metrics
 
 
 def test_unjudgeable_programs_score_zero_among_normal_ones():

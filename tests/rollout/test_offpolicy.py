@@ -115,7 +115,7 @@ def test_a_worker_thread_changes_when_a_buffer_is_built_not_what_it_holds(
 def test_a_buffer_kept_with_a_checkpoint_loads_back_exactly(tiny, tmp_path):
   cfg, params, tok = tiny
   ctx = _ctx(JaxSampler(cfg, params, tok), tok, even_length)
-  buf = rollout.build_buffer(plain.Plain(PROMPTS, seed=0), ctx, 3, version=2)
+  buf = rollout.Buffers(plain.Plain(PROMPTS, seed=0), ctx, overlap=False).take(3, version=2)
   buf.metrics.update(method_count=np.int64(7), method_share=np.float32(0.5))  # numpy scalars
   buf.groups[0].tags["data_type"] = "original"  # a method's labels (the samples log's tags)
   path = buffer_file.save(str(tmp_path), buf)

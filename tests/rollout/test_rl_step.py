@@ -55,7 +55,7 @@ def test_dynamic_sampling_keeps_mixed_groups_and_fills_the_batch(tiny):
   cfg, params, tok = tiny
   sampler = JaxSampler(cfg, params, tok)
   pool = InOrder(PROMPTS)
-  kept, sampled, rounds = rollout.gather_groups(_ctx(sampler, tok, even_length), pool, step=0)
+  kept, sampled, rounds = _ctx(sampler, tok, even_length).gather(pool, step=0)
   assert len(kept) == RL.prompts_per_step
   assert all(g.mixed for g in kept)
   assert len(sampled) == pool.drawn >= len(kept)
@@ -77,7 +77,7 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
   cfg, params, tok = tiny
   pool = InOrder(PROMPTS)
   with pytest.raises(rollout.NoSignalError) as e:
-    rollout.gather_groups(_ctx(JaxSampler(cfg, params, tok), tok, always_right), pool, step=0)
+    _ctx(JaxSampler(cfg, params, tok), tok, always_right).gather(pool, step=0)
   assert str(e.value) == (
     "step 0: no group with mixed rewards in 20 prompts over 3 rounds (solve_all 100%, "
     "solve_none 0%); the problems are too easy for the policy: give harder ones; or raise "
@@ -92,9 +92,7 @@ def test_all_solved_data_ends_with_a_clear_message(tiny):
     return r, r > 0
 
   with pytest.raises(rollout.NoSignalError) as e:
-    rollout.gather_groups(
-      _ctx(JaxSampler(cfg, params, tok), tok, always_wrong), InOrder(PROMPTS), step=0
-    )
+    _ctx(JaxSampler(cfg, params, tok), tok, always_wrong).gather(InOrder(PROMPTS), step=0)
   fix = (
     "the problems are too hard for the policy: warm-start it with SFT (sft.steps > 0, on "
     "worked solutions) or start from a trained checkpoint (model.path)"
