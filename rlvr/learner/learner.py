@@ -89,7 +89,7 @@ class Learner:
     ]
     try:
       self.state, metrics = ppo.update_on_batches(
-        self.state, self.update_fn, self.logp_fn, batches, cfg, rng
+        self.state, self.update_fn, self.logp_fn, batches, cfg, rng, one
       )
     except nonfinite.NonFiniteError as e:
       self.state = e.state  # the update took (donated) the state it was given

@@ -106,17 +106,18 @@ def one_update(batches: int, cfg) -> bool:
 
 
 def update_on_batches(
-  state, update_fn, logp_fn, batches: Sequence, cfg, rng: np.random.Generator
+  state, update_fn, logp_fn, batches: Sequence, cfg, rng: np.random.Generator, one: bool
 ) -> tuple[Any, dict[str, float]]:
   """The optimizer step(s) on a buffer's batches (one per mini-batch) under the
   `LearnerConfig` cfg; returns (state, metrics).
 
-  One batch and one epoch: exactly one update with the current policy as the old one
-  (ratio 1); otherwise `multi_step_update` (epochs in `rng`'s order), which needs logp_fn.
+  one (`one_update`: one batch and one epoch): exactly one update with the current policy as
+  the old one (ratio 1); otherwise `multi_step_update` (epochs in `rng`'s order), which needs
+  logp_fn.
   An optimizer step whose loss or gradient norm was not finite was not applied (the steps
   after it were): raises `nonfinite.NonFiniteError` naming the first, with the state.
   """
-  if one_update(len(batches), cfg):
+  if one:
     state, m = update_fn(state, batches[0])
     steps, kl = [m], None
   elif logp_fn is None:
