@@ -259,7 +259,7 @@ class Rollout:
     if not prompts:
       return []
     ids, t = [list(p.ids) for p in prompts], time.perf_counter()
-    if self.episodes is None:  # one response each
+    if self.episodes is None or not self.episodes.multi_turn:  # one response each
       outs = self.sampler.generate(ids, sp)
       self._count(outs, t)
     else:  # one episode each (`rlvr.envs`, the `env` section), its turns through `generate`
