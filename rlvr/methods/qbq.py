@@ -136,10 +136,10 @@ class QbQ(Method):
 
   # ---------------------------------------------------------------- stages
   def _counts(self, ctx: Rollout, items: Sequence[qbq.Variant], t: int, salt: int) -> list[dict]:
-    """Solve counts n of k scoring samples; prompts over max_prompt_len get n = None."""
+    """Solve counts n of k scoring samples; prompts over max_prompt_len get n = None (the
+    rollout drops them and counts them in prompts_too_long)."""
     c = self.cfg
     prompts = [ctx.prompt(v.problem, v.answer, f"qbq-r{t}") for v in items]
-    fits = ctx.fit_mask(prompts)
     sp = SamplingParams(
       n=c.k,
       temperature=c.score_temperature,
@@ -151,11 +151,11 @@ class QbQ(Method):
     )
     # Correctness only: no shaping terms, so a step's shaping metrics describe its update's
     # rollouts whether or not this stage ran in it (a resumed run may load it instead).
-    kept = [p for p, ok in zip(prompts, fits) if ok]
-    groups = iter(ctx.groups(kept, sp, shaped=False) if kept else [])
+    # A group holds the very Prompt object it was sampled for.
+    scored = {id(g.prompt): g for g in ctx.groups(prompts, sp, shaped=False)}
     return [
-      dict(dataclasses.asdict(v), n=int(next(groups).correct.sum()) if ok else None)
-      for v, ok in zip(items, fits)
+      dict(dataclasses.asdict(v), n=int(scored[id(p)].correct.sum()) if id(p) in scored else None)
+      for v, p in zip(items, prompts)
     ]
 
   def _teach(self, ctx: Rollout, seeds: Sequence[qbq.Variant], t: int) -> list[dict]:

@@ -308,15 +308,11 @@ class Rollout:
       return as_f32, np.where(bad, False, np.asarray(correct, bool))
     return out
 
-  def fit_mask(self, prompts: Sequence[Prompt]) -> list[bool]:
-    """Which prompts are of at most rl.max_prompt_len tokens (never cut: the learner must see
-    the prompt the sampler saw); without an RL config, all."""
-    limit = self.rl.max_prompt_len if self.rl is not None else float("inf")
-    return [len(p.ids) <= limit for p in prompts]
-
   def fits(self, prompts: Sequence[Prompt]) -> list[Prompt]:
-    """The prompts that fit (`fit_mask`); the rest are counted and dropped."""
-    kept = [p for p, ok in zip(prompts, self.fit_mask(prompts)) if ok]
+    """The prompts of at most rl.max_prompt_len tokens (never cut: the learner must see the
+    prompt the sampler saw; without an RL config, all); the rest are counted and dropped."""
+    limit = self.rl.max_prompt_len if self.rl is not None else float("inf")
+    kept = [p for p in prompts if len(p.ids) <= limit]
     self.stats.prompts_too_long += len(prompts) - len(kept)
     return kept
 

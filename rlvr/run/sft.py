@@ -96,6 +96,7 @@ def train_sft(
   checkpoint_every: int = 100,
   keep: int = 2,
   progress: bool = True,
+  model_cfg=None,
 ) -> str:
   """SFT of the HF model in `model_dir` on (problem text, completion text) pairs.
 
@@ -106,7 +107,8 @@ def train_sft(
   metrics to workdir/metrics.jsonl and the result as an HF dir workdir/model with a
   checksum manifest, which it returns (and reuses when it verifies; else trains again). With
   `learner_cfg.lora.rank > 0` only LoRA adapters train (on the frozen model)
-  and workdir/model is the base with them merged in (`rlvr.model.lora`).
+  and workdir/model is the base with them merged in (`rlvr.model.lora`). `model_cfg`: the
+  model's `ModelConfig` where the caller has read it (else read from `model_dir`).
   """
   import os
 
@@ -132,7 +134,7 @@ def train_sft(
       "`solution` (config: data.sft_path) or skip SFT (sft.steps=0)"
     )
   seq_len = -(-max(len(p) + len(c) for p, c in pairs) // 16) * 16
-  m_cfg = model_lib.ModelConfig.from_hf(model_dir)
+  m_cfg = model_cfg or model_lib.ModelConfig.from_hf(model_dir)
   mngr, state, _ = checkpoint.restore_or_init(
     os.path.join(workdir, "checkpoints"),
     m_cfg,

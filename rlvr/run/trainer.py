@@ -180,7 +180,7 @@ class Trainer:
     rollout and the learner."""
     r, s = self.run, self.s
     self.start_dir = warm_start(r)
-    self.model_cfg = model_lib.ModelConfig.from_hf(self.start_dir)
+    self.model_cfg = r.model_cfg  # SFT, or sft.init_from (`sft.check_fits`), keeps it
     self.mngr, state, meta = checkpoint.restore_or_init(
       os.path.join(r.workdir, "checkpoints"),
       self.model_cfg,
@@ -342,4 +342,5 @@ def warm_start(run: Run) -> str:
     seed=s.seed,
     checkpoint_every=s.checkpoint.every * 10,
     keep=s.checkpoint.keep,
+    model_cfg=run.model_cfg,
   )

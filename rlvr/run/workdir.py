@@ -48,7 +48,12 @@ class Run:
   mesh: Any
   data: datasets.RunData
   eval_prompts: dict[str, list[rollout.Prompt]]
-  context: int  # the model's max positions (evaluation skips longer prompts)
+  model_cfg: model_lib.ModelConfig  # the architecture, read from model_dir once (SFT keeps it)
+
+  @property
+  def context(self) -> int:
+    """The model's max positions (evaluation skips longer prompts)."""
+    return self.model_cfg.max_position_embeddings
 
   @property
   def pad_id(self) -> int:
@@ -150,7 +155,7 @@ def setup(s: experiment.Settings) -> Run:
     mesh,
     data,
     {},
-    model_lib.ModelConfig.from_hf(model_dir).max_position_embeddings,
+    model_lib.ModelConfig.from_hf(model_dir),
   )
   run.eval_prompts = {name: run.prompts(exs, name) for name, exs in data.evals.items()}
   return run
