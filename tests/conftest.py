@@ -16,6 +16,7 @@ import sys
 import tempfile
 
 import pytest
+import sft_policy
 import tiny_run
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -421,33 +422,6 @@ def one_device_learner():
   return make
 
 
-def sft_on_arithmetic(model_dir: str, problems, out_dir: str) -> str:
-  """`model_dir` after 300 SFT steps on `problems`' worked solutions plus their inverse
-  pairs (as the embedded default's warm start); the SFT'd HF dir."""
-  import jax
-
-  from rlvr import learner
-  from rlvr.data.tasks import arithmetic
-  from rlvr.parallel import sharding
-  from rlvr.run.sft import train_sft
-
-  pairs = [(p.problem, p.solution) for p in problems]
-  pairs += [arithmetic.inverse_pair(p) for p in problems]
-  lc = learner.LearnerConfig(
-    learning_rate=3e-3,
-    weight_decay=0.0,
-    lr_schedule="cosine",
-    warmup_steps=20,
-    total_steps=300,
-    min_lr_ratio=0.1,
-    dual_clip=None,
-  )
-  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  return train_sft(
-    model_dir, pairs, out_dir, learner_cfg=lc, mesh=mesh, steps=300, batch_size=32, progress=False
-  )
-
-
 def built_once(tmp_path_factory, name: str, build) -> str:
   """`build(dir)` run once per session whichever pytest-xdist worker asks first; the others
   wait for it and get the same dir (the workers' temporary dirs share a parent)."""
@@ -470,7 +444,7 @@ def built_once(tmp_path_factory, name: str, build) -> str:
 @pytest.fixture(scope="session")
 def arithmetic_policy(tiny_dirs, tmp_path_factory):
   """The test qwen2 model after 300 SFT steps on 300 worked solutions plus their
-  inverse pairs (`sft_on_arithmetic`): it solves some problems,
+  inverse pairs (`sft_policy`, in a child process): it solves some problems,
   so some are underperforming, and turns solutions back into problems, so the
   step sees synthesis and synthetic-solving groups. Same architecture and
   tokenizer as the served model: the vLLM test pushes these weights. Trained once per
@@ -481,7 +455,7 @@ def arithmetic_policy(tiny_dirs, tmp_path_factory):
   out = built_once(
     tmp_path_factory,
     "svs_sft",
-    lambda d: sft_on_arithmetic(tiny_dirs["qwen2"], train[:300], d),
+    lambda d: sft_policy.train(tiny_dirs["qwen2"], d, "arithmetic"),
   )
   return out, train[300:]
 

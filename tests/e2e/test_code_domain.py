@@ -120,13 +120,9 @@ def test_no_sandbox_stops_the_run_before_anything_runs(tmp_path, monkeypatch):
 def code_policy(tiny_dirs, tmp_path_factory):
   """The test qwen2 model after SFT on 300 arithmetic problems answered by programs, plus
   their inverse pairs (the synthesis task SvS asks for)."""
-  from conftest import sft_on_arithmetic
+  import sft_policy
 
-  from rlvr.data.tasks import arithmetic
-
-  train, _ = arithmetic.make_splits(300, 0, max_operand=9)
-  train = [arithmetic.as_program(p) for p in train]
-  return sft_on_arithmetic(tiny_dirs["qwen2"], train, str(tmp_path_factory.mktemp("code_sft")))
+  return sft_policy.train(tiny_dirs["qwen2"], str(tmp_path_factory.mktemp("code_sft")), "code")
 
 
 def _samples(path):

@@ -26,7 +26,14 @@ SMALL = [
   "--config.checkpoint.every=1",
 ]
 PLAIN = ["--config=configs/tiny_rlvr.py", "--config.rl.steps=3", *SMALL]
-SVS = ["--config=configs/tiny.py", "--config.rl.steps=1", *SMALL]
+# The embedded SvS config without its SFT on inverse pairs: its SFT and held-out settings are
+# the plain config's, so its runs start from the plain one-process run's SFT and evaluation.
+SVS = [
+  "--config=configs/tiny.py",
+  "--config.data.arithmetic.inverse_pairs=False",
+  "--config.rl.steps=1",
+  *SMALL,
+]
 
 
 def _free_port() -> int:
@@ -165,29 +172,29 @@ def test_work_dirs_that_are_not_shared_are_an_error_at_start_up(tmp_path):
   assert "shared file system" in logs[1]
 
 
-def test_one_svs_step_on_two_processes_equals_one_process(tmp_path):
-  """The SvS step on 2 processes from the one-process run's SFT (SFT itself on 2
-  processes: the plain config's test)."""
+def test_one_svs_step_on_two_processes_equals_one_process(one_process_run, tmp_path):
+  """The SvS step on 2 processes and on 1, both from the plain one-process run's SFT and
+  evaluation (SFT itself on 2 processes: the plain config's test)."""
   one, two = tmp_path / "one", tmp_path / "two"
+  run_copies.start_from_sft(one_process_run, one)
+  run_copies.start_from_sft(one_process_run, two)
   _one_process(SVS, one)
-  run_copies.start_from_sft(one, two)
   _two_processes(SVS, two, tmp_path)
-  one, two = (
-    tiny_run.rows(tmp_path / "one" / "metrics.jsonl"),
-    tiny_run.rows(tmp_path / "two" / "metrics.jsonl"),
-  )
-  assert one == two and len(two) == 1
-  assert two[0]["svs_syntheses"] > 0
+  rows = tiny_run.rows(two / "metrics.jsonl")
+  assert rows == tiny_run.rows(one / "metrics.jsonl") and len(rows) == 1
+  assert rows[0]["svs_syntheses"] > 0
+  s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+  assert s1["eval_after_rl"] == s2["eval_after_rl"]
 
 
 def test_episodes_and_lora_on_two_processes_equal_one_process(one_process_run, tmp_path):
   """Multi-turn episodes of an environment whose answers name the process computing them
-  (tests/echo_env.py), with RL training LoRA adapters: two processes run 2 RL steps and the
-  evaluations as one process does, because both take process 0's observations, and they
-  export the same adapter."""
+  (tests/echo_env.py), with RL training LoRA adapters: two processes run an RL step and the
+  evaluations before and after it as one process does, because both take process 0's
+  observations, and they export the same adapter."""
   flags = [
     *PLAIN[:1],
-    "--config.rl.steps=2",
+    "--config.rl.steps=1",
     *SMALL,
     "--config.env.name=echo_env:per_process",
     "--config.env.max_turns=3",
@@ -203,7 +210,7 @@ def test_episodes_and_lora_on_two_processes_equal_one_process(one_process_run, t
   _one_process(flags, one)
   _two_processes(flags, two, tmp_path)
   rows = tiny_run.rows(two / "metrics.jsonl")
-  assert rows == tiny_run.rows(one / "metrics.jsonl") and len(rows) == 2
+  assert rows == tiny_run.rows(one / "metrics.jsonl") and len(rows) == 1
   assert all(r["turns_mean"] > 1 and r["obs_tokens_frac"] > 0 for r in rows)
   assert all(r["entropy"] > 0 and r["grad_norm"] > 0 for r in rows)
   s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))

@@ -23,18 +23,43 @@ PAPER = sorted(
 )
 
 
-def _scaled(name: str) -> str:
-  """A paper config scaled down, as JSON without its work dir: configs that differ only in
-  the model's size (the test's policy replaces it) scale down to the same run."""
+def _configured(name: str, policy_dir: str, data_files: dict, workdir: str):
+  """The paper config `name` scaled down by configs/cpu.py, with this file's policy, data
+  and settings."""
   from configs import cpu
 
-  c = cpu.get_config(name).to_dict()
-  del c["workdir"]
+  c = cpu.get_config(name)
+  assert c.rl.steps == 2 and c.sampler.kind == "jax" and c.mesh.fsdp == -1
+  c.workdir = workdir
+  c.model.path = policy_dir
+  # Depth-2 problems only where the method composes: the small policy seldom solves them,
+  # and a step whose 4 prompts it all fails has nothing to learn from.
+  train = "train" if c.method == "composition" else "train_d1"
+  c.data.train_path, c.data.extra_train_paths = data_files[train], []
+  c.data.eval_paths = [data_files["heldout"]]
+  c.data.instruction = ""  # the SFT'd policy's prompt format (its chat template, no
+  c.data.chat_template = ""  # instruction; ToRL's base-model config renders none)
+  c.reward.integer_answers = True
+  c.composition.depths = (1, 2)
+  c.qbq.integer_answers = True
+  c.qbq.teacher = "procedural"  # exact variants of "Compute ..." problems
+  c.qbq.seed_band = "mixed"  # the small policy seldom solves 2 of 4
+  if c.method == "svs":  # SvS samples each prompt once a step: twice the prompts, so a
+    c.rl.loop.prompts_per_step = 8  # step holds some group the small policy half solves
+  c.rl.loop.max_staleness = int(c.method != "rlvr")
+  return c
+
+
+def _scaled(name: str) -> str:
+  """The run this file makes of a paper config, as JSON: configs that differ only in what
+  it replaces (the model's size, the data, reward.integer_answers) make the same run."""
+  files = {k: k for k in ("train", "train_d1", "heldout")}
+  c = _configured(name, "policy", files, "workdir").to_dict()
   return json.dumps(c, sort_keys=True, default=str)
 
 
 SCALED = {name: _scaled(name) for name in PAPER}
-# One run per distinct scaled-down config (the first name of each).
+# One run per distinct run (the first name of each).
 DISTINCT = sorted({s: n for n, s in sorted(SCALED.items(), reverse=True)}.values())
 
 
@@ -68,29 +93,9 @@ def data_files(tmp_path_factory):
 
 @pytest.mark.parametrize("name", DISTINCT)
 def test_a_paper_config_scaled_down_runs_two_steps(name, arithmetic_policy, data_files, tmp_path):
-  from configs import cpu
-
   policy_dir, _ = arithmetic_policy
-  c = cpu.get_config(name)
-  assert c.rl.steps == 2 and c.sampler.kind == "jax" and c.mesh.fsdp == -1
-  c.workdir = str(tmp_path / name)
-  c.model.path = policy_dir
-  # Depth-2 problems only where the method composes: the small policy seldom solves them,
-  # and a step whose 4 prompts it all fails has nothing to learn from.
-  train = "train" if c.method == "composition" else "train_d1"
-  c.data.train_path, c.data.extra_train_paths = data_files[train], []
-  c.data.eval_paths = [data_files["heldout"]]
-  c.data.instruction = ""  # the SFT'd policy's prompt format (its chat template, no
-  c.data.chat_template = ""  # instruction; ToRL's base-model config renders none)
-  c.reward.integer_answers = True
-  c.composition.depths = (1, 2)
-  c.qbq.integer_answers = True
-  c.qbq.teacher = "procedural"  # exact variants of "Compute ..." problems
-  c.qbq.seed_band = "mixed"  # the small policy seldom solves 2 of 4
-  if c.method == "svs":  # SvS samples each prompt once a step: twice the prompts, so a
-    c.rl.loop.prompts_per_step = 8  # step holds some group the small policy half solves
-  ahead = c.method != "rlvr"
-  c.rl.loop.max_staleness = int(ahead)
+  c = _configured(name, policy_dir, data_files, str(tmp_path / name))
+  ahead = c.rl.loop.max_staleness == 1
   summary = runner.run(c)
   rows = metrics.read_jsonl(os.path.join(c.workdir, "metrics.jsonl"))
   assert [r["step"] for r in rows] == [0, 1]

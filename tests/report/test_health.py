@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import run_copies
 import test_tracking
 import tiny_run
 
@@ -295,6 +296,8 @@ def test_a_reward_for_length_warns_where_the_run_goes_wrong_the_verifier_does_no
   flagged = [(r["step"], k[len("health_") :]) for r in rows for k in r if k.startswith("health_")]
   assert flagged == [(w["step"], w["name"]) for w in summary["health"]]
 
+  # The same SFT (its settings do not name the reward): the verified run starts from it.
+  run_copies.start_from_sft(tmp_path / "paid", tmp_path / "verified", evaluated=False)
   out, rows = tiny_run.train(tmp_path / "verified", *RUN)
   summary = json.loads((tmp_path / "verified" / "summary.json").read_text())
   assert summary["health"] == [] and "health: step" not in out

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import jax
@@ -84,6 +85,29 @@ def test_buffers_built_ahead_come_from_the_weights_one_update_behind(tiny, one_d
   )
 
 
+def _update_while_sampling(lrn, sampler, updates: int) -> list[bool]:
+  """Makes each of lrn's first `updates` updates return only once the sampler has begun a
+  generate call in another thread (the next buffer's build), so that an update and a build
+  overlap however loaded the machine is; returns whether each saw one (within 120 s)."""
+  began, seen = threading.Event(), []
+  generate, update = sampler.generate, lrn.update
+
+  def generate_and_tell(*args, **kwargs):
+    if threading.current_thread() is not threading.main_thread():
+      began.set()
+    return generate(*args, **kwargs)
+
+  def update_until_sampling(*args, **kwargs):
+    out = update(*args, **kwargs)
+    if len(seen) < updates:
+      seen.append(began.wait(timeout=120))
+      began.clear()
+    return out
+
+  sampler.generate, lrn.update = generate_and_tell, update_until_sampling
+  return seen
+
+
 def test_a_worker_thread_changes_when_a_buffer_is_built_not_what_it_holds(
   vllm_server, served_model_dir, tmp_path, one_device_learner
 ):
@@ -104,12 +128,16 @@ def test_a_worker_thread_changes_when_a_buffer_is_built_not_what_it_holds(
     )
     try:
       sampler.update_weights(lrn.state.params, version=0)
+      # With the worker thread, the updates of steps 0 and 1 end after the builds of steps
+      # 1 and 2 began (the last step builds nothing ahead).
+      seen = _update_while_sampling(lrn, sampler, updates=2) if overlap else []
       runs.append(_run(sampler, lrn, tok, AHEAD, overlap=overlap))
     finally:
       sampler.close()
+  assert seen == [True, True]  # each build ahead sampled in the worker thread
   _equal_runs(*runs)
   assert [r["staleness_max"] for r in runs[1][1]] == [0, 1, 1]
-  assert all(r["overlap_frac"] > 0 for r in runs[1][1][:-1])  # the last builds nothing ahead
+  assert all(r["overlap_frac"] > 0 for r in runs[1][1][:-1])
 
 
 def test_a_buffer_kept_with_a_checkpoint_loads_back_exactly(tiny, tmp_path):
