@@ -5,9 +5,9 @@
 
 `fit` reads as the run: warm start (SFT, or the finished one `sft.init_from` names), evaluate,
 then each RL step (`rollout.rl_step`), evaluate if due, log (`outcome.StepLog`), export if
-due, checkpoint if due; at the end evaluate, export and summarise. Each phase is timed under the name it has here:
-the step's row carries `time_rl_step` and `time_evaluate`, summary.json `phases_s` the total of
-every phase in this invocation.
+due, checkpoint if due; at the end evaluate, export and summarise. Each phase is timed under
+the name it has here: the step's row carries `time_rl_step` and `time_evaluate`, summary.json
+`phases_s` the total of every phase in this invocation.
 
 Rerunning the same command resumes: a finished SFT is reloaded from `sft/model/`, RL from its
 last orbax checkpoint with the method's own state (`Resume`), finished evaluations from
@@ -65,7 +65,6 @@ class Trainer:
   stack: contextlib.ExitStack
   t_start: float
   phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
-  model_cfg: model_lib.ModelConfig | None = None
   start_dir: str = ""
   mngr: Any = None  # orbax CheckpointManager of the RL checkpoints
   resume: Resume = Resume()
@@ -77,6 +76,12 @@ class Trainer:
   @property
   def s(self) -> experiment.Settings:
     return self.run.settings
+
+  @property
+  def model_cfg(self) -> model_lib.ModelConfig:
+    """The run's architecture; SFT, or the model `sft.init_from` names (`sft.check_fits`),
+    keeps it."""
+    return self.run.model_cfg
 
   # ------------------------------------------------------------------ set up
   @classmethod
@@ -180,7 +185,6 @@ class Trainer:
     rollout and the learner."""
     r, s = self.run, self.s
     self.start_dir = warm_start(r)
-    self.model_cfg = r.model_cfg  # SFT, or sft.init_from (`sft.check_fits`), keeps it
     self.mngr, state, meta = checkpoint.restore_or_init(
       os.path.join(r.workdir, "checkpoints"),
       self.model_cfg,

@@ -59,7 +59,7 @@ def _scaled(name: str) -> str:
 
 
 SCALED = {name: _scaled(name) for name in PAPER}
-# One run per distinct run (the first name of each).
+# One test per distinct run (the first config name of each).
 DISTINCT = sorted({s: n for n, s in sorted(SCALED.items(), reverse=True)}.values())
 
 
